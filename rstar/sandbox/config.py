@@ -1,0 +1,64 @@
+"""Limits and sizing of the sandbox. One dataclass, shared by executors, service and CLI."""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class SandboxConfig:
+    # Per-call limits (enforced by the kernel in the call's process, not by Python).
+    timeout_s: float = 10.0          # wall clock, default per call
+    max_timeout_s: float = 120.0     # a request may ask for more time, up to this
+    cpu_time_s: int = 10             # RLIMIT_CPU; the hard limit is one second above
+    memory_mb: int = 1024            # address space the call may add on top of its warm parent
+    file_size_mb: int = 16           # RLIMIT_FSIZE; also bounds stdout/stderr floods
+    max_processes: int = 16          # RLIMIT_NPROC of the call's own uid (fork bombs stop here)
+    max_open_files: int = 256
+    max_output_bytes: int = 8192     # stdout/stderr returned to the caller, each; the rest is cut with a mark
+    max_code_bytes: int = 256 * 1024
+    max_stdin_bytes: int = 1024 * 1024
+
+    # Executors (fork servers) on this node.
+    lean_executors: int = field(default_factory=lambda: os.cpu_count() or 1)
+    warm_executors: int = field(default_factory=lambda: os.cpu_count() or 1)
+    slots_per_executor: int = 16     # concurrent calls per executor, each with its own uid
+    warm_modules: tuple[str, ...] = ("numpy", "sympy")
+    # Code importing any of these goes to a warm executor (the rest is cheaper to fork from a lean one).
+    warm_routes: tuple[str, ...] = ("numpy", "sympy", "mpmath", "scipy", "networkx")
+    uid_base: int = 200_000          # calls run as uid_base + k; give each node on one host its own range
+    workdir_mb: int = 512            # tmpfs holding the calls' private working directories
+    isolation: str = "auto"          # "strict": refuse to start without full isolation; "auto": warn and degrade
+    max_attempts: int = 3            # a call whose executor or node dies is retried this many times in all
+
+    # Central queue and send workers.
+    batch_size: int = 64
+    batch_window_ms: float = 2.0
+    send_workers: int = 32
+    max_queue: int = 100_000
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ("strict", "auto"):
+            raise ValueError(f"isolation must be 'strict' or 'auto', not {self.isolation!r}")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+                raise ValueError(f"sandbox config {f.name} must be >= 0, got {v}")
+        self.warm_modules = tuple(self.warm_modules)
+        self.warm_routes = tuple(set(self.warm_routes) | set(self.warm_modules))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SandboxConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown sandbox config keys: {sorted(unknown)}")
+        return cls(**d)
+
+    def clamp_timeout(self, timeout_s: float | None) -> float:
+        if timeout_s is None or timeout_s <= 0:
+            return self.timeout_s
+        return min(float(timeout_s), self.max_timeout_s)
