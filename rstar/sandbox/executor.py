@@ -154,6 +154,9 @@ class Executor:
         self.slots = [Slot(i, uid_start + i if self.privileged else None)
                       for i in range(self.cfg["slots_per_executor"])]
         self.free = list(reversed(self.slots))
+        for slot in self.slots:  # leftovers of a previous executor that had these uids and died
+            if slot.uid is not None:
+                sweep(slot.uid)
         self.pending: collections.deque[dict] = collections.deque()
         self.running: dict[int, Call] = {}
         self.deadlines: list[tuple[float, int, Call]] = []
@@ -270,6 +273,9 @@ class Executor:
             reason = meta[1:] if meta.startswith("E") else f"exit code {code}"
             if reason.startswith("MemoryError"):
                 reason = f"MemoryError: memory limit of {self.cfg['memory_mb']} MiB exceeded"
+            elif "[Errno 27]" in reason:  # EFBIG: Python ignores SIGXFSZ, so the write raised instead
+                return {"exit_code": code, "status": "killed",
+                        "reason": f"output or file size limit of {self.cfg['file_size_mb']} MiB exceeded"}
             return {"exit_code": code, "status": "error", "reason": reason}
         sig = os.WTERMSIG(status)
         if call.timed_out:

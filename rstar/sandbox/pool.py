@@ -20,7 +20,7 @@ from rstar.sandbox.executor import FrameReader, frame
 from rstar.sandbox.result import ExecRequest, ExecResult, Status
 
 log = logging.getLogger(__name__)
-_IMPORT = re.compile(r"^\s*(?:from\s+([A-Za-z_]\w*)|import\s+([A-Za-z_][\w\s,.]*))", re.MULTILINE)
+_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([A-Za-z_]\w*)|import[ \t]+([A-Za-z_][\w \t,.]*))", re.MULTILINE)
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -1,0 +1,115 @@
+"""Async client of a sandbox service, with batching, back-pressure, retries and deadlines.
+
+    async with SandboxClient("http://127.0.0.1:8080") as sb:
+        r = await sb.run("print(sum(range(10)))")            # batched with concurrent calls
+        rs = await sb.run_many([ExecRequest("1+1"), ExecRequest("input()", stdin="x")])
+
+Concurrent `run` calls are sent together (up to `batch_size`, or after `batch_window_ms`).
+At most `max_inflight` calls are outstanding; more wait (back-pressure). A batch that fails
+in transit (connection refused or reset, 5xx) is retried with backoff up to `retries`
+times: the service is idempotent per call, so a call lost with a dead worker is run again.
+`deadline_s` bounds the whole wait for one call, retries included.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+
+from rstar.sandbox.result import ExecRequest, ExecResult, Status
+
+
+class SandboxClient:
+    def __init__(self, url: str, *, batch_size: int = 64, batch_window_ms: float = 2.0,
+                 max_inflight: int = 4096, retries: int = 4, backoff_s: float = 0.2,
+                 request_timeout_s: float = 900.0) -> None:
+        self.url = url.rstrip("/")
+        self.batch_size, self.window = batch_size, batch_window_ms / 1000
+        self.retries, self.backoff_s = retries, backoff_s
+        self._inflight = asyncio.Semaphore(max_inflight)
+        self._queue: asyncio.Queue[tuple[ExecRequest, asyncio.Future]] = asyncio.Queue()
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout_s, connect=5.0),
+                                       limits=httpx.Limits(max_connections=64))
+        self._batcher: asyncio.Task | None = None
+        self._sending: set[asyncio.Task] = set()
+
+    async def __aenter__(self) -> "SandboxClient":
+        self._batcher = asyncio.create_task(self._batch_loop())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._batcher:
+            self._batcher.cancel()
+        for t in list(self._sending):
+            t.cancel()
+        await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._http.aclose()
+
+    async def run(self, code: str, stdin: str = "", *, timeout_s: float | None = None,
+                  notebook: bool = True, deadline_s: float | None = None) -> ExecResult:
+        return (await self.run_many([ExecRequest(code, stdin, timeout_s, notebook)], deadline_s=deadline_s))[0]
+
+    async def run_many(self, reqs: list[ExecRequest], *, deadline_s: float | None = None) -> list[ExecResult]:
+        return list(await asyncio.gather(*(self._one(r, deadline_s) for r in reqs)))
+
+    async def _one(self, req: ExecRequest, deadline_s: float | None) -> ExecResult:
+        async with self._inflight:
+            fut = asyncio.get_running_loop().create_future()
+            self._queue.put_nowait((req, fut))
+            if deadline_s is None:
+                return await fut
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), deadline_s)
+            except asyncio.TimeoutError:
+                return ExecResult(status=Status.TIMEOUT, reason=f"client deadline of {deadline_s:g}s exceeded")
+
+    async def health(self) -> dict:
+        return (await self._http.get(f"{self.url}/health")).raise_for_status().json()
+
+    async def stats(self) -> dict:
+        return (await self._http.get(f"{self.url}/stats")).raise_for_status().json()
+
+    async def _batch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            deadline = loop.time() + self.window
+            while len(batch) < self.batch_size:
+                remaining = deadline - loop.time()
+                try:
+                    batch.append(self._queue.get_nowait() if remaining <= 0 or not self._queue.empty()
+                                 else await asyncio.wait_for(self._queue.get(), remaining))
+                except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                    break
+            task = asyncio.create_task(self._send(batch))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[ExecRequest, asyncio.Future]]) -> None:
+        body = {"requests": [{"code": r.code, "stdin": r.stdin, "timeout_s": r.timeout_s, "notebook": r.notebook}
+                             for r, _ in batch]}
+        error = ""
+        for attempt in range(self.retries + 1):
+            try:
+                resp = await self._http.post(f"{self.url}/v1/execute", json=body)
+                if resp.status_code < 500:
+                    if resp.status_code >= 400:
+                        results = [ExecResult.rejected(f"HTTP {resp.status_code}: {resp.json().get('detail')}")] * len(batch)
+                    else:
+                        results = [ExecResult.from_dict(d) for d in resp.json()["results"]]
+                    for (_, fut), res in zip(batch, results):
+                        res.attempts += attempt
+                        if not fut.done():
+                            fut.set_result(res)
+                    return
+                error = f"HTTP {resp.status_code}"
+            except httpx.TransportError as e:
+                error = repr(e)
+            await asyncio.sleep(self.backoff_s * 2**attempt * (0.5 + random.random()))
+        for _, fut in batch:
+            if not fut.done():
+                fut.set_result(ExecResult.rejected(f"sandbox unreachable after {self.retries + 1} tries: {error}"))

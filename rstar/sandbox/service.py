@@ -1,0 +1,287 @@
+"""The sandbox service: one central queue, send workers that batch calls, and nodes that run them.
+
+A node is either this machine's executors (`LocalNode`) or another sandbox service
+reached over HTTP (`RemoteNode`): a head service can spread calls over many CPU machines.
+A batch whose node dies is put back on the queue and runs elsewhere; no call is lost.
+
+    async with SandboxService(SandboxConfig()) as sb:
+        result = await sb.run("print(2**100)")
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from rstar.sandbox.config import SandboxConfig
+from rstar.sandbox.pool import ExecutorPool
+from rstar.sandbox.result import ExecRequest, ExecResult, Status
+
+log = logging.getLogger(__name__)
+
+
+class NodeLost(Exception):
+    pass
+
+
+class LocalNode:
+    def __init__(self, cfg: SandboxConfig) -> None:
+        self.name = "local"
+        self.pool = ExecutorPool(cfg)
+        self.alive = False
+        self.inflight = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.pool.capacity
+
+    async def start(self) -> None:
+        await self.pool.start()
+        self.alive = True
+
+    async def close(self) -> None:
+        self.alive = False
+        await self.pool.close()
+
+    async def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]:
+        return await self.pool.run_many(reqs)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "alive": self.alive, "capacity": self.capacity, "inflight": self.inflight,
+                "executors": {f: sum(h.alive for h in hs) for f, hs in self.pool.executors.items()},
+                "executor_restarts": sum(h.restarts for hs in self.pool.executors.values() for h in hs),
+                "warnings": self.pool.warnings}
+
+
+class RemoteNode:
+    """Another sandbox service; its own central queue and executors do the work."""
+
+    def __init__(self, url: str, capacity: int = 256) -> None:
+        self.name = self.url = url.rstrip("/")
+        self.capacity = capacity
+        self.alive = True
+        self.inflight = 0
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+
+    async def start(self) -> None:
+        await self.probe()
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def probe(self) -> bool:
+        try:
+            r = await self.http.get(f"{self.url}/health", timeout=5.0)
+            r.raise_for_status()
+            self.capacity = max(1, int(r.json().get("capacity", self.capacity)))
+            self.alive = True
+        except (httpx.HTTPError, ValueError):
+            self.alive = False
+        return self.alive
+
+    async def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]:
+        body = {"requests": [{"code": r.code, "stdin": r.stdin, "timeout_s": r.timeout_s, "notebook": r.notebook}
+                             for r in reqs]}
+        try:
+            r = await self.http.post(f"{self.url}/v1/execute", json=body)
+        except httpx.HTTPError as e:
+            raise NodeLost(f"{self.url}: {e!r}") from e
+        if r.status_code >= 500:
+            raise NodeLost(f"{self.url}: HTTP {r.status_code}")
+        r.raise_for_status()
+        return [ExecResult.from_dict(d) for d in r.json()["results"]]
+
+    def describe(self) -> dict:
+        return {"name": self.name, "alive": self.alive, "capacity": self.capacity, "inflight": self.inflight}
+
+
+@dataclass
+class _Item:
+    req: ExecRequest
+    future: asyncio.Future
+    enqueued: float
+    attempts: int = 0
+
+
+@dataclass
+class Stats:
+    """Counters and a sliding window of recent calls for /stats."""
+
+    window_s: float = 10.0
+    total: int = 0
+    by_status: collections.Counter = field(default_factory=collections.Counter)
+    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=100_000))
+    started: float = field(default_factory=time.monotonic)
+
+    def record(self, result: ExecResult, latency_s: float) -> None:
+        self.total += 1
+        self.by_status[result.status.value] += 1
+        self.recent.append((time.monotonic(), latency_s))
+
+    def snapshot(self) -> dict:
+        now = time.monotonic()
+        window = [lat for t, lat in self.recent if now - t <= self.window_s]
+        span = min(self.window_s, now - self.started) or 1.0
+        lat = sorted(window)
+
+        def pct(q: float) -> float | None:
+            return round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3, 3) if lat else None
+
+        return {"calls": self.total, "by_status": dict(self.by_status),
+                "calls_per_s": round(len(window) / span, 1),
+                "latency_ms": {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99)}}
+
+
+class SandboxService:
+    """Central queue + send workers + nodes. `local=False` makes a head that only dispatches."""
+
+    def __init__(self, cfg: SandboxConfig | None = None, *, local: bool = True,
+                 remotes: list[str] = ()) -> None:
+        self.cfg = cfg or SandboxConfig()
+        self.nodes: list[LocalNode | RemoteNode] = [LocalNode(self.cfg)] if local else []
+        self.nodes += [RemoteNode(url) for url in remotes]
+        self.queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._admission = asyncio.Semaphore(self.cfg.max_queue)  # calls queued or running, at most
+        self.stats = Stats()
+        self.requeued = 0
+        self._node_ready = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+
+    async def __aenter__(self) -> "SandboxService":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def start(self) -> "SandboxService":
+        await asyncio.gather(*(n.start() for n in self.nodes))
+        self._update_ready()
+        self._tasks = [asyncio.create_task(self._send_worker()) for _ in range(self.cfg.send_workers)]
+        self._tasks.append(asyncio.create_task(self._watch_nodes()))
+        return self
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(n.close() for n in self.nodes), return_exceptions=True)
+
+    def add_remote(self, url: str) -> RemoteNode:
+        url = url.rstrip("/")
+        for node in self.nodes:
+            if isinstance(node, RemoteNode) and node.url == url:
+                node.alive = True
+                self._update_ready()
+                return node
+        node = RemoteNode(url)
+        self.nodes.append(node)
+        self._update_ready()
+        return node
+
+    # -- calls ------------------------------------------------------------------------------
+    async def run(self, code: str, stdin: str = "", *, timeout_s: float | None = None,
+                  notebook: bool = True) -> ExecResult:
+        return (await self.run_many([ExecRequest(code, stdin, timeout_s, notebook)]))[0]
+
+    async def run_many(self, reqs: list[ExecRequest]) -> list[ExecResult]:
+        loop = asyncio.get_running_loop()
+        items = []
+        for req in reqs:
+            await self._admission.acquire()  # blocks while max_queue calls are outstanding: back-pressure
+            item = _Item(req, loop.create_future(), time.monotonic())
+            item.future.add_done_callback(lambda _: self._admission.release())
+            self.queue.put_nowait(item)
+            items.append(item)
+        return list(await asyncio.gather(*(i.future for i in items)))
+
+    @property
+    def queue_depth(self) -> int:
+        return self.queue.qsize()
+
+    def health(self) -> dict:
+        alive = [n for n in self.nodes if n.alive]
+        return {"status": "ok" if alive else "down", "capacity": sum(n.capacity for n in alive),
+                "queue_depth": self.queue_depth, "nodes": [n.describe() for n in self.nodes],
+                "warnings": sorted({w for n in self.nodes for w in n.describe().get("warnings", [])})}
+
+    def stats_snapshot(self) -> dict:
+        return {**self.stats.snapshot(), "queue_depth": self.queue_depth,
+                "inflight": sum(n.inflight for n in self.nodes), "requeued": self.requeued,
+                "nodes_alive": sum(n.alive for n in self.nodes)}
+
+    # -- dispatch ---------------------------------------------------------------------------
+    async def _next_batch(self) -> list[_Item]:
+        batch = [await self.queue.get()]
+        deadline = time.monotonic() + self.cfg.batch_window_ms / 1000
+        while len(batch) < self.cfg.batch_size:
+            try:
+                batch.append(self.queue.get_nowait())
+                continue
+            except asyncio.QueueEmpty:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self.queue.get(), remaining))
+            except asyncio.TimeoutError:
+                break
+        return batch
+
+    async def _pick_node(self):
+        while True:
+            alive = [n for n in self.nodes if n.alive]
+            if alive:
+                return max(alive, key=lambda n: n.capacity - n.inflight)
+            self._node_ready.clear()
+            await self._node_ready.wait()
+
+    def _update_ready(self) -> None:
+        if any(n.alive for n in self.nodes):
+            self._node_ready.set()
+
+    async def _send_worker(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            node = await self._pick_node()
+            node.inflight += len(batch)
+            try:
+                results = await node.run_batch([i.req for i in batch])
+            except NodeLost as e:
+                log.warning("sandbox node lost, re-queueing %d calls: %s", len(batch), e)
+                node.alive = False
+                self._requeue(batch, str(e))
+                continue
+            except Exception as e:  # noqa: BLE001 - a bug must fail these calls, not the worker
+                log.exception("sandbox batch failed")
+                results = [ExecResult(status=Status.KILLED, reason=f"sandbox internal error: {e!r}")] * len(batch)
+            finally:
+                node.inflight -= len(batch)
+            now = time.monotonic()
+            for item, result in zip(batch, results):
+                result.attempts += item.attempts
+                self.stats.record(result, now - item.enqueued)
+                if not item.future.done():
+                    item.future.set_result(result)
+
+    def _requeue(self, batch: list[_Item], why: str) -> None:
+        for item in batch:
+            item.attempts += 1
+            if item.attempts >= self.cfg.max_attempts:
+                item.future.set_result(ExecResult(status=Status.KILLED, attempts=item.attempts,
+                                                  reason=f"lost {item.attempts} times with its node: {why}"))
+            else:
+                self.requeued += 1
+                self.queue.put_nowait(item)
+
+    async def _watch_nodes(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            for node in self.nodes:
+                if isinstance(node, RemoteNode) and not node.alive and await node.probe():
+                    log.info("sandbox node %s is back", node.url)
+            self._update_ready()

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up (or update) the project's virtual environment. Idempotent; re-runs only when
+# pyproject.toml or this script changed. PyTorch's CPU build is installed first so that
+# nothing later pulls a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+STAMP=.venv/.rstar-setup
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  exit 0
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[dev]"
+echo "$want" > "$STAMP"
+echo "environment ready: .venv"

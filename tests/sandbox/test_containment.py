@@ -1,0 +1,133 @@
+"""Hostile code is contained: each attack gets a clear status, leaves no process behind,
+changes nothing on the host, and the service keeps serving."""
+import os
+import socket
+import threading
+
+import pytest
+
+from rstar.sandbox.hostile import ATTACKS
+from rstar.sandbox.result import Status
+
+ATTACK = {a.name: a for a in ATTACKS}
+
+
+@pytest.fixture
+async def still_healthy(sandbox):
+    yield
+    r = await sandbox.run("print('alive')")
+    assert r.status is Status.OK and r.stdout == "alive\n"
+    assert sandbox.health()["status"] == "ok"
+
+
+async def run_attack(sandbox, name, **fmt):
+    attack = ATTACK[name]
+    r = await sandbox.run(attack.code.format(**fmt), timeout_s=4)
+    assert r.status in attack.expect, (r.status, r.reason, r.stderr[-500:])
+    return r
+
+
+async def test_infinite_loop(sandbox, still_healthy, no_leftovers):
+    r = await run_attack(sandbox, "infinite loop")
+    assert "limit" in r.reason
+
+
+async def test_cannot_raise_limits_or_cancel_alarms(sandbox, still_healthy, no_leftovers):
+    r = await run_attack(sandbox, "raise own limits")
+    assert r.stdout.startswith("blocked:")  # the hard limit refused to move
+    assert r.cpu_s < sandbox.cfg.cpu_time_s + 1.5
+
+
+async def test_memory_bomb(sandbox, still_healthy, no_leftovers):
+    r = await run_attack(sandbox, "memory bomb")
+    assert r.reason.startswith("MemoryError: memory limit")
+
+
+async def test_fork_bomb_is_bounded_and_fully_killed(sandbox, still_healthy, no_leftovers):
+    r = await run_attack(sandbox, "fork bomb")
+    assert r.status is Status.TIMEOUT
+
+
+async def test_detached_children_die_with_their_call(sandbox, still_healthy, no_leftovers):
+    r = await run_attack(sandbox, "detached sleeper")
+    assert r.stdout == "parent exits, child detached\n"
+    # also a detached process started through subprocess, in its own session
+    r = await sandbox.run("import subprocess\nsubprocess.Popen(['sleep', '600'], start_new_session=True)\n'spawned'")
+    assert r.status is Status.OK and r.value == "'spawned'", r.stderr
+
+
+async def test_output_flood(sandbox, still_healthy, no_leftovers):
+    r = await run_attack(sandbox, "output flood")
+    assert "size limit" in r.reason
+    assert r.truncated and "[output truncated:" in r.stdout
+
+
+async def test_writes_outside_the_workdir_fail(sandbox, still_healthy, no_leftovers, tmp_path):
+    for target in (tmp_path / "pwned", "/tmp/rstar-pwned", os.path.join(os.getcwd(), "pwned")):
+        r = await run_attack(sandbox, "write outside", path=str(target))
+        # /tmp is a private empty tmpfs for calls, so a host path there does not even exist
+        assert r.reason.split(":")[0] in ("PermissionError", "OSError", "FileNotFoundError"), r.reason
+        assert not os.path.exists(target)
+    # its own working directory is writable, private, and gone afterwards
+    r = await sandbox.run("import os\nopen('mine.txt', 'w').write('ok')\nos.getcwd(), oct(os.stat('.').st_mode & 0o777)")
+    assert r.status is Status.OK and r.value.endswith("'0o700')")
+    workdir = r.value.split("'")[1]
+    r = await sandbox.run(f"import os\nos.path.exists({workdir + '/mine.txt'!r})")
+    assert r.value == "False"
+
+
+async def test_no_network_even_to_loopback(sandbox, still_healthy, no_leftovers):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(3)
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(_accept(server)), daemon=True).start()
+    r = await run_attack(sandbox, "network", port=server.getsockname()[1])
+    assert "unreachable" in r.reason.lower()
+    server.close()
+    assert accepted in ([], [None])
+
+
+def _accept(server):
+    try:
+        return server.accept()
+    except OSError:
+        return None
+
+
+async def test_secrets_in_the_service_environment_stay_hidden(still_healthy, no_leftovers):
+    from rstar.sandbox.service import SandboxService
+    from tests.sandbox.conftest import small_config
+
+    os.environ["RSTAR_TEST_SECRET"] = "hunter2-s3cr3t"
+    try:
+        async with SandboxService(small_config(uid_base=310_000, warm_executors=0)) as sb:
+            r = await sb.run(ATTACK["read secrets"].code)
+    finally:
+        del os.environ["RSTAR_TEST_SECRET"]
+    assert r.status is Status.OK
+    assert "hunter2" not in r.stdout and "RSTAR_TEST_SECRET" not in r.stdout
+    assert "/proc/1/environ" not in r.stdout  # other users' processes are invisible
+
+
+async def test_cannot_kill_the_executor(sandbox, still_healthy, no_leftovers):
+    r = await run_attack(sandbox, "kill parent")
+    assert "Operation not permitted" in r.reason
+    # kill(-1) reaches only processes of the call's own uid (and spares the caller): nothing dies
+    r = await sandbox.run("import os, signal\nos.kill(-1, signal.SIGKILL)\n'survived'")
+    assert r.status is Status.OK and r.value == "'survived'"
+
+
+async def test_setuid_binaries_grant_nothing(sandbox, still_healthy, no_leftovers):
+    r = await sandbox.run("import subprocess\nsubprocess.run(['su', '-c', 'id'], capture_output=True, text=True).returncode != 0 or 'escaped'")
+    assert r.status in (Status.OK, Status.ERROR)
+    assert "escaped" not in (r.value or "")
+
+
+async def test_all_attacks_at_once(sandbox, still_healthy, no_leftovers, tmp_path):
+    from rstar.sandbox.result import ExecRequest
+
+    codes = [a.code.format(port=9, path=str(tmp_path / "x")) for a in ATTACKS]
+    results = await sandbox.run_many([ExecRequest(c, timeout_s=4) for c in codes])
+    assert [r.status in a.expect for a, r in zip(ATTACKS, results)] == [True] * len(ATTACKS)
