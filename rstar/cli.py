@@ -13,10 +13,13 @@ sandbox_app = typer.Typer(help="The isolated Python sandbox that runs the model'
 app.add_typer(sandbox_app, name="sandbox")
 
 
-def _sandbox_config(executors: int | None, slots: int | None, uid_base: int | None, timeout_s: float | None):
+def _sandbox_config(executors: int | None, slots: int | None, uid_base: int | None, timeout_s: float | None,
+                    batch_size: int | None = None):
     from rstar.sandbox.config import SandboxConfig
 
     cfg = SandboxConfig()
+    if batch_size is not None:
+        cfg.batch_size = batch_size
     if executors is not None:
         cfg.lean_executors = cfg.warm_executors = executors
     if slots is not None:
@@ -36,6 +39,7 @@ def serve(
     slots: int = typer.Option(None, help="Concurrent calls per executor."),
     uid_base: int = typer.Option(None, help="First uid for calls; give each node on one host its own range."),
     timeout_s: float = typer.Option(None, help="Default wall-clock limit per call."),
+    batch_size: int = typer.Option(None, help="Calls per batch sent to a node."),
     worker: list[str] = typer.Option([], help="URL of a worker node to dispatch to (repeatable)."),
     join: str = typer.Option(None, help="URL of a head service to register with as a worker node."),
     local: bool = typer.Option(True, help="Run calls on this machine (--no-local: a head that only dispatches)."),
@@ -45,7 +49,7 @@ def serve(
     from rstar.sandbox.process import serve as _serve
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _serve(host, port, _sandbox_config(executors, slots, uid_base, timeout_s), local=local, workers=worker,
+    _serve(host, port, _sandbox_config(executors, slots, uid_base, timeout_s, batch_size), local=local, workers=worker,
            join=join, log_level=log_level)
 
 

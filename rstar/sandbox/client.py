@@ -33,6 +33,7 @@ class SandboxClient:
                                        limits=httpx.Limits(max_connections=64))
         self._batcher: asyncio.Task | None = None
         self._sending: set[asyncio.Task] = set()
+        self.batches_sent = 0
 
     async def __aenter__(self) -> "SandboxClient":
         self._batcher = asyncio.create_task(self._batch_loop())
@@ -85,6 +86,7 @@ class SandboxClient:
                                  else await asyncio.wait_for(self._queue.get(), remaining))
                 except (asyncio.QueueEmpty, asyncio.TimeoutError):
                     break
+            self.batches_sent += 1
             task = asyncio.create_task(self._send(batch))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)

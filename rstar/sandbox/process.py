@@ -67,12 +67,14 @@ class SandboxProcess:
             self.proc.wait()
 
     def stop(self) -> None:
+        """Graceful: the service closes its executors, which kill their running calls."""
         if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.terminate()
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                self.kill()
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
 
     def __enter__(self) -> "SandboxProcess":
         return self.start()

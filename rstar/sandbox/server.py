@@ -171,7 +171,7 @@ def create_app(service: SandboxService, *, join: str | None = None, public_url: 
         return json_response(service.stats_snapshot())
 
     @app.post("/v1/nodes")
-    async def join(node: NodeIn):
+    async def add_node(node: NodeIn):
         added = service.add_remote(node.url)
         return {"url": added.url, "nodes": len(service.nodes)}
 

@@ -174,12 +174,10 @@ class SandboxService:
         url = url.rstrip("/")
         for node in self.nodes:
             if isinstance(node, RemoteNode) and node.url == url:
-                node.alive = True
-                self._update_ready()
                 return node
         node = RemoteNode(url)
+        node.alive = False  # the watcher probes it before any call is sent there
         self.nodes.append(node)
-        self._update_ready()
         return node
 
     # -- calls ------------------------------------------------------------------------------
@@ -264,6 +262,7 @@ class SandboxService:
             now = time.monotonic()
             for item, result in zip(batch, results):
                 result.attempts += item.attempts
+                result.extra["node"] = node.name
                 self.stats.record(result, now - item.enqueued)
                 if not item.future.done():
                     item.future.set_result(result)

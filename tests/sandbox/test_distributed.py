@@ -1,0 +1,114 @@
+"""Resilience: calls survive a dead executor, a dead worker node, and a service that is not up yet;
+the client batches, bounds what it has in flight, and honours deadlines."""
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from rstar.sandbox.client import SandboxClient
+from rstar.sandbox.process import SandboxProcess, free_port
+from rstar.sandbox.result import ExecRequest, Status
+from rstar.sandbox.service import SandboxService
+from tests.sandbox.conftest import processes_of_uids, small_config
+
+
+async def test_call_survives_its_executor_dying():
+    async with SandboxService(small_config(uid_base=350_000, warm_executors=0)) as sb:
+        executor = sb.nodes[0].pool.executors["lean"][0]
+        call = asyncio.create_task(sb.run("import time\ntime.sleep(1.0)\nprint('done')"))
+        await asyncio.sleep(0.4)
+        os.kill(executor.proc.pid, signal.SIGKILL)
+        r = await call
+        assert r.status is Status.OK and r.stdout == "done\n"
+        assert r.attempts == 2
+        assert sb.health()["nodes"][0]["executor_restarts"] == 1
+        assert (await sb.run("'after restart'")).value == "'after restart'"
+    assert processes_of_uids(350_000, 350_000 + 12) == []
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head that only dispatches, and two worker nodes on loopback that join it."""
+    with SandboxProcess("--no-local", "--batch-size", "8") as head:
+        workers = [SandboxProcess("--executors", "1", "--slots", "4", "--uid-base", str(base), "--join", head.url)
+                   for base in (360_000, 370_000)]
+        for w in workers:
+            w.start()
+        deadline = time.monotonic() + 60
+        while sum(n["alive"] for n in httpx.get(f"{head.url}/health").json()["nodes"]) < 2:
+            assert time.monotonic() < deadline, "workers did not join the head"
+            time.sleep(0.2)
+        yield head, workers
+        for w in workers:
+            w.stop()
+
+
+async def test_two_worker_nodes_share_the_load(cluster):
+    head, workers = cluster
+    async with SandboxClient(head.url, batch_size=8) as client:
+        results = await client.run_many([ExecRequest(f"import time\ntime.sleep(0.05)\n{i}") for i in range(64)])
+    assert [r.value for r in results] == [str(i) for i in range(64)]
+    assert {r.extra["node"] for r in results} == {w.url for w in workers}
+
+
+async def test_killing_a_worker_mid_batch_loses_no_call(cluster):
+    head, (doomed, survivor) = cluster
+    n = 96
+    async with SandboxClient(head.url, batch_size=8) as client:
+        calls = asyncio.create_task(client.run_many(
+            [ExecRequest(f"import time\ntime.sleep(0.1)\nprint({i})") for i in range(n)]))
+        await asyncio.sleep(0.6)
+        doomed.kill()
+        results = await calls
+    assert [r.status for r in results] == [Status.OK] * n
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(n)]  # none lost, none mixed up
+    assert any(r.attempts > 1 for r in results)  # some were re-queued from the dead node
+    stats = httpx.get(f"{head.url}/stats").json()
+    assert stats["requeued"] > 0 and stats["nodes_alive"] == 1
+    time.sleep(1.0)
+    assert processes_of_uids(360_000, 360_000 + 8) == []  # the dead node's calls died with it
+
+
+async def test_client_batches_concurrent_calls():
+    with SandboxProcess("--executors", "1", "--slots", "4", "--uid-base", "380000") as server:
+        async with SandboxClient(server.url, batch_size=16, batch_window_ms=50) as client:
+            results = await asyncio.gather(*(client.run(f"{i} + 1") for i in range(48)))
+            assert [r.value for r in results] == [str(i + 1) for i in range(48)]
+            assert client.batches_sent == 3
+
+        async with SandboxClient(server.url, max_inflight=2) as client:  # back-pressure
+            start = time.monotonic()
+            results = await client.run_many([ExecRequest("import time\ntime.sleep(0.3)")] * 6)
+            assert all(r.ok for r in results)
+            assert time.monotonic() - start >= 0.85  # three waves of two, never six at once
+
+        async with SandboxClient(server.url) as client:  # a per-call deadline
+            start = time.monotonic()
+            r = await client.run("import time\ntime.sleep(5)", deadline_s=0.5)
+            assert r.status is Status.TIMEOUT and "client deadline" in r.reason
+            assert time.monotonic() - start < 2.0
+
+
+async def test_client_retries_until_the_service_is_up():
+    port = free_port()
+    server = SandboxProcess("--executors", "1", "--slots", "2", "--uid-base", "390000", port=port)
+    starter = threading.Timer(0.5, server.start)
+    starter.start()
+    try:
+        async with SandboxClient(server.url, retries=8, backoff_s=0.5) as client:
+            r = await client.run("'made it'")
+        assert r.status is Status.OK and r.value == "'made it'"
+        assert r.attempts > 1
+    finally:
+        starter.join()
+        server.stop()
+
+
+async def test_client_gives_up_with_a_clear_status():
+    async with SandboxClient(f"http://127.0.0.1:{free_port()}", retries=1, backoff_s=0.05) as client:
+        r = await client.run("1")
+    assert r.status is Status.REJECTED and "unreachable after 2 tries" in r.reason
