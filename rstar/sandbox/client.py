@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-import httpx
+import aiohttp
 
 from rstar.sandbox.result import ExecRequest, ExecResult, Status
 
@@ -29,13 +29,14 @@ class SandboxClient:
         self.retries, self.backoff_s = retries, backoff_s
         self._inflight = asyncio.Semaphore(max_inflight)
         self._queue: asyncio.Queue[tuple[ExecRequest, asyncio.Future]] = asyncio.Queue()
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(request_timeout_s, connect=5.0),
-                                       limits=httpx.Limits(max_connections=64))
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, connect=5.0)
+        self._http: aiohttp.ClientSession | None = None
         self._batcher: asyncio.Task | None = None
         self._sending: set[asyncio.Task] = set()
         self.batches_sent = 0
 
     async def __aenter__(self) -> "SandboxClient":
+        self._http = aiohttp.ClientSession(timeout=self._timeout, connector=aiohttp.TCPConnector(limit=64))
         self._batcher = asyncio.create_task(self._batch_loop())
         return self
 
@@ -48,11 +49,12 @@ class SandboxClient:
         for t in list(self._sending):
             t.cancel()
         await asyncio.gather(*self._sending, return_exceptions=True)
-        await self._http.aclose()
+        if self._http:
+            await self._http.close()
 
     async def run(self, code: str, stdin: str = "", *, timeout_s: float | None = None,
                   notebook: bool = True, deadline_s: float | None = None) -> ExecResult:
-        return (await self.run_many([ExecRequest(code, stdin, timeout_s, notebook)], deadline_s=deadline_s))[0]
+        return await self._one(ExecRequest(code, stdin, timeout_s, notebook), deadline_s)
 
     async def run_many(self, reqs: list[ExecRequest], *, deadline_s: float | None = None) -> list[ExecResult]:
         return list(await asyncio.gather(*(self._one(r, deadline_s) for r in reqs)))
@@ -69,10 +71,12 @@ class SandboxClient:
                 return ExecResult(status=Status.TIMEOUT, reason=f"client deadline of {deadline_s:g}s exceeded")
 
     async def health(self) -> dict:
-        return (await self._http.get(f"{self.url}/health")).raise_for_status().json()
+        async with self._http.get(f"{self.url}/health", raise_for_status=True) as resp:
+            return await resp.json()
 
     async def stats(self) -> dict:
-        return (await self._http.get(f"{self.url}/stats")).raise_for_status().json()
+        async with self._http.get(f"{self.url}/stats", raise_for_status=True) as resp:
+            return await resp.json()
 
     async def _batch_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -97,19 +101,21 @@ class SandboxClient:
         error = ""
         for attempt in range(self.retries + 1):
             try:
-                resp = await self._http.post(f"{self.url}/v1/execute", json=body)
-                if resp.status_code < 500:
-                    if resp.status_code >= 400:
-                        results = [ExecResult.rejected(f"HTTP {resp.status_code}: {resp.json().get('detail')}")] * len(batch)
-                    else:
-                        results = [ExecResult.from_dict(d) for d in resp.json()["results"]]
-                    for (_, fut), res in zip(batch, results):
-                        res.attempts += attempt
-                        if not fut.done():
-                            fut.set_result(res)
-                    return
-                error = f"HTTP {resp.status_code}"
-            except httpx.TransportError as e:
+                async with self._http.post(f"{self.url}/v1/execute", json=body) as resp:
+                    if resp.status < 500:
+                        payload = await resp.json()
+                        if resp.status >= 400:
+                            results = [ExecResult.rejected(f"HTTP {resp.status}: {payload.get('detail')}")
+                                       for _ in batch]
+                        else:
+                            results = [ExecResult.from_dict(d) for d in payload["results"]]
+                        for (_, fut), res in zip(batch, results):
+                            res.attempts += attempt
+                            if not fut.done():
+                                fut.set_result(res)
+                        return
+                    error = f"HTTP {resp.status}"
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 error = repr(e)
             await asyncio.sleep(self.backoff_s * 2**attempt * (0.5 + random.random()))
         for _, fut in batch:

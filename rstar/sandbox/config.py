@@ -23,6 +23,7 @@ class SandboxConfig:
     lean_executors: int = field(default_factory=lambda: os.cpu_count() or 1)
     warm_executors: int = field(default_factory=lambda: os.cpu_count() or 1)
     slots_per_executor: int = 16     # concurrent calls per executor, each with its own uid
+    spares_per_executor: int = 1     # call processes forked ahead while idle: lower latency per call
     warm_modules: tuple[str, ...] = ("numpy", "sympy")
     # Code importing any of these goes to a warm executor (the rest is cheaper to fork from a lean one).
     warm_routes: tuple[str, ...] = ("numpy", "sympy", "mpmath", "scipy", "networkx")

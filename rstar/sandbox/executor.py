@@ -107,11 +107,11 @@ class Slot:
 
 
 class Call:
-    __slots__ = ("req", "slot", "pid", "pidfd", "start", "timed_out", "done")
+    __slots__ = ("req", "slot", "pid", "pidfd", "feed", "start", "timed_out", "done")
 
-    def __init__(self, req: dict, slot: Slot) -> None:
-        self.req, self.slot = req, slot
-        self.pid, self.pidfd, self.start, self.timed_out, self.done = 0, -1, 0.0, False, False
+    def __init__(self, req: dict | None, slot: Slot) -> None:
+        self.req, self.slot = req, slot  # req is None while the process is a waiting spare
+        self.pid, self.pidfd, self.feed, self.start, self.timed_out, self.done = 0, -1, -1, 0.0, False, False
 
 
 def _read_capped(fd: int, cap: int) -> tuple[str, bool]:
@@ -159,6 +159,7 @@ class Executor:
                 sweep(slot.uid)
         self.pending: collections.deque[dict] = collections.deque()
         self.running: dict[int, Call] = {}
+        self.spares: list[Call] = []
         self.deadlines: list[tuple[float, int, Call]] = []
         self.seq = 0
         self.poller = select.poll()
@@ -179,6 +180,9 @@ class Executor:
             data = data[os.write(self.fd, data):]
 
     # -- call lifecycle -------------------------------------------------------------------
+    # A call runs in a process forked for it on demand, or, when the executor is idle, in a
+    # "spare" forked and confined ahead of time that waits on a pipe for its snippet: the
+    # fork then is off the critical path of the next call (lower latency, same total work).
     def start(self, req: dict) -> None:
         try:
             body, last = runner.prepare(req["code"], req["notebook"])
@@ -186,36 +190,66 @@ class Executor:
             message = runner.compile_error(e)
             return self.send({"id": req["id"], "status": "error", "stderr": message, "exit_code": 1,
                               "reason": message.strip().splitlines()[-1]})
-        slot = self.free.pop()
-        slot.reset(req["stdin"])
-        call = Call(req, slot)
-        pid = os.fork()
-        if pid == 0:
-            self._child(call, body, last)
-        call.pid, call.start = pid, time.monotonic()
-        call.pidfd = os.pidfd_open(pid)  # readable when the call exits: no SIGCHLD handler needed
-        self.poller.register(call.pidfd, select.POLLIN)
-        self.running[pid] = call
+        if self.spares:
+            call = self.spares.pop()
+            call.slot.reset(req["stdin"])
+            data = frame((req["code"], body, last))
+            while data:
+                data = data[os.write(call.feed, data):]
+            os.close(call.feed)
+        else:
+            slot = self.free.pop()
+            slot.reset(req["stdin"])
+            call = self._fork(slot, (req["code"], body, last))
+        call.req, call.start = req, time.monotonic()
         self.seq += 1
         heapq.heappush(self.deadlines, (call.start + req["timeout"], self.seq, call))
 
-    def _child(self, call: Call, body, last) -> None:
+    def _fork(self, slot: Slot, snippet) -> Call:
+        """Fork a call process for `slot`; with `snippet` None it waits for one on a pipe."""
+        call = Call(None, slot)
+        feed_r, call.feed = os.pipe() if snippet is None else (-1, -1)
+        pid = os.fork()
+        if pid == 0:
+            self._child(slot, snippet, feed_r)
+        if snippet is None:
+            os.close(feed_r)
+        call.pid = pid
+        call.pidfd = os.pidfd_open(pid)  # readable when the call exits: no SIGCHLD handler needed
+        self.poller.register(call.pidfd, select.POLLIN)
+        self.running[pid] = call
+        return call
+
+    def _child(self, slot: Slot, snippet, feed_r: int) -> None:
         code = SETUP_FAILED
         try:
-            slot = call.slot
             os.setsid()
             os.mkdir(slot.workdir, 0o700)
             if slot.uid is not None:
                 os.chown(slot.workdir, slot.uid, slot.uid)
             os.chdir(slot.workdir)
-            for fd, target in ((slot.stdin, 0), (slot.out, 1), (slot.err, 2), (slot.meta, 3)):
-                os.dup2(fd, target)
-            os.closerange(4, 1 << 20)
-            confine(slot.uid, self.limits)
-            code = runner.run(call.req["code"], body, last, 3, self.cfg["max_output_bytes"])
+            for fd, target in ((slot.stdin, 0), (slot.out, 1), (slot.err, 2), (slot.meta, 3), (feed_r, 4)):
+                if fd >= 0:
+                    os.dup2(fd, target)
+            os.closerange(5 if feed_r >= 0 else 4, 1 << 20)
+            if snippet is None:  # a spare: wait for the snippet, or for the executor to go away
+                reader = FrameReader()
+                while snippet is None:
+                    data = os.read(4, 1 << 20)
+                    if not data:
+                        os._exit(0)
+                    snippet = next(reader.feed(data), None)
+                os.close(4)
+            confine(slot.uid, self.limits)  # only now: a process has a call uid only while it runs a call
+            source, body, last = snippet
+            code = runner.run(source, body, last, 3, self.cfg["max_output_bytes"])
         except BaseException as e:  # noqa: BLE001 - report, never fall back into the server loop
             os.write(2, f"sandbox setup failed: {e!r}\n".encode())
         os._exit(code)
+
+    def refill_spares(self) -> None:
+        if not self.pending and self.free and len(self.spares) < self.cfg["spares_per_executor"]:
+            self.spares.append(self._fork(self.free.pop(), None))
 
     def expire(self) -> None:
         now = time.monotonic()
@@ -258,6 +292,11 @@ class Executor:
         meta = os.pread(slot.meta, cap + 2048, 0).decode("utf-8", "replace")
         slot.clean()
         self.free.append(slot)
+        if call.req is None:  # a spare that died unused (killed at shutdown, say): nothing to report
+            if call in self.spares:
+                self.spares.remove(call)
+                os.close(call.feed)
+            return
         result = {"id": call.req["id"], "stdout": stdout, "stderr": stderr, "truncated": cut_out or cut_err,
                   "wall_s": wall, "cpu_s": cpu_s}
         result.update(self.classify(call, status, meta, cpu_s))
@@ -304,8 +343,9 @@ class Executor:
                     self.pending.extend(self.reader.feed(data))
             self.reap()
             self.expire()
-            while self.pending and self.free:
+            while self.pending and (self.free or self.spares):
                 self.start(self.pending.popleft())
+            self.refill_spares()
 
     def shutdown(self) -> None:
         for call in list(self.running.values()):

@@ -7,8 +7,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
-import httpx
 import uvicorn
 
 from rstar.sandbox.config import SandboxConfig
@@ -51,9 +52,10 @@ class SandboxProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sandbox service exited with {self.proc.returncode} during start-up")
             try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as resp:
+                    if resp.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.2)
         self.stop()

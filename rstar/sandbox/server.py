@@ -16,7 +16,7 @@ import logging
 import uuid
 from typing import Literal
 
-import httpx
+import aiohttp
 
 import msgspec
 from fastapi import FastAPI, Request
@@ -83,6 +83,22 @@ class TooLarge(Exception):
         self.message = message
 
 
+class BodyLimit:
+    """Refuses bodies over `max_bytes` with a 413 (a plain ASGI middleware: no per-request task)."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length", b"0")
+            if length.isdigit() and int(length) > self.max_bytes:
+                response = JSONResponse({"detail": f"request body is {int(length)} bytes; "
+                                                   f"the limit is {self.max_bytes}"}, status_code=413)
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 def _field_path(loc) -> str:
     parts = [str(p) for p in loc if p != "body"]
     return ".".join(parts) or "body"
@@ -111,11 +127,12 @@ log = logging.getLogger(__name__)
 
 async def _keep_joined(head: str, me: str) -> None:
     """Register with a head service, and again every few seconds in case it restarted."""
-    async with httpx.AsyncClient(timeout=5.0) as http:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as http:
         while True:
             try:
-                (await http.post(f"{head.rstrip('/')}/v1/nodes", json={"url": me})).raise_for_status()
-            except httpx.HTTPError as e:
+                async with http.post(f"{head.rstrip('/')}/v1/nodes", json={"url": me}, raise_for_status=True):
+                    pass
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 log.warning("could not join head %s: %r", head, e)
             await asyncio.sleep(5.0)
 
@@ -137,13 +154,7 @@ def create_app(service: SandboxService, *, join: str | None = None, public_url: 
 
     app = FastAPI(title="rstar sandbox", version="1", lifespan=lifespan)
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return JSONResponse({"detail": f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}"},
-                                status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError):

@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 
 from rstar.sandbox.config import SandboxConfig
 from rstar.sandbox.pool import ExecutorPool
@@ -65,21 +65,27 @@ class RemoteNode:
         self.capacity = capacity
         self.alive = True
         self.inflight = 0
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+        self.http: aiohttp.ClientSession | None = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self.http is None:
+            self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=5.0))
+        return self.http
 
     async def start(self) -> None:
         await self.probe()
 
     async def close(self) -> None:
-        await self.http.aclose()
+        if self.http:
+            await self.http.close()
 
     async def probe(self) -> bool:
         try:
-            r = await self.http.get(f"{self.url}/health", timeout=5.0)
-            r.raise_for_status()
-            self.capacity = max(1, int(r.json().get("capacity", self.capacity)))
+            async with self._session().get(f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=5.0),
+                                           raise_for_status=True) as r:
+                self.capacity = max(1, int((await r.json()).get("capacity", self.capacity)))
             self.alive = True
-        except (httpx.HTTPError, ValueError):
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             self.alive = False
         return self.alive
 
@@ -87,13 +93,14 @@ class RemoteNode:
         body = {"requests": [{"code": r.code, "stdin": r.stdin, "timeout_s": r.timeout_s, "notebook": r.notebook}
                              for r in reqs]}
         try:
-            r = await self.http.post(f"{self.url}/v1/execute", json=body)
-        except httpx.HTTPError as e:
+            async with self._session().post(f"{self.url}/v1/execute", json=body) as r:
+                if r.status >= 500:
+                    raise NodeLost(f"{self.url}: HTTP {r.status}")
+                r.raise_for_status()
+                payload = await r.json()
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
             raise NodeLost(f"{self.url}: {e!r}") from e
-        if r.status_code >= 500:
-            raise NodeLost(f"{self.url}: HTTP {r.status_code}")
-        r.raise_for_status()
-        return [ExecResult.from_dict(d) for d in r.json()["results"]]
+        return [ExecResult.from_dict(d) for d in payload["results"]]
 
     def describe(self) -> dict:
         return {"name": self.name, "alive": self.alive, "capacity": self.capacity, "inflight": self.inflight}
@@ -149,6 +156,7 @@ class SandboxService:
         self.stats = Stats()
         self.requeued = 0
         self._node_ready = asyncio.Event()
+        self._batches_inflight = 0
         self._tasks: list[asyncio.Task] = []
 
     async def __aenter__(self) -> "SandboxService":
@@ -222,8 +230,8 @@ class SandboxService:
             except asyncio.QueueEmpty:
                 pass
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
+            if remaining <= 0 or self._batches_inflight == 0:
+                break  # an idle service sends at once: the window only pays off under load
             try:
                 batch.append(await asyncio.wait_for(self.queue.get(), remaining))
             except asyncio.TimeoutError:
@@ -247,6 +255,7 @@ class SandboxService:
             batch = await self._next_batch()
             node = await self._pick_node()
             node.inflight += len(batch)
+            self._batches_inflight += 1
             try:
                 results = await node.run_batch([i.req for i in batch])
             except NodeLost as e:
@@ -259,6 +268,7 @@ class SandboxService:
                 results = [ExecResult(status=Status.KILLED, reason=f"sandbox internal error: {e!r}")] * len(batch)
             finally:
                 node.inflight -= len(batch)
+                self._batches_inflight -= 1
             now = time.monotonic()
             for item, result in zip(batch, results):
                 result.attempts += item.attempts

@@ -1,0 +1,22 @@
+"""Benchmarks write their own section of docs/benchmarks.md, between HTML comment markers,
+so each benchmark command can be re-run alone without clobbering the others."""
+from __future__ import annotations
+
+import os
+import re
+
+HEADER = ("# Benchmarks\n\nMeasured figures, each section written by the command named in it. "
+          "Machines are noisy: every comparison is made against a baseline measured in the same run.\n")
+
+
+def write_section(path: str, name: str, markdown: str) -> None:
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    block = f"{start}\n{markdown.strip()}\n{end}"
+    text = open(path).read() if os.path.exists(path) else HEADER
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.DOTALL)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
