@@ -14,10 +14,10 @@ app.add_typer(sandbox_app, name="sandbox")
 
 
 def _sandbox_config(executors: int | None, slots: int | None, uid_base: int | None, timeout_s: float | None,
-                    batch_size: int | None = None):
+                    batch_size: int | None = None, config: str | None = None):
     from rstar.sandbox.config import SandboxConfig
 
-    cfg = SandboxConfig()
+    cfg = SandboxConfig.from_yaml(config) if config else SandboxConfig()
     if batch_size is not None:
         cfg.batch_size = batch_size
     if executors is not None:
@@ -35,6 +35,7 @@ def _sandbox_config(executors: int | None, slots: int | None, uid_base: int | No
 def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind (keep loopback unless behind a firewall)."),
     port: int = typer.Option(8080),
+    config: str = typer.Option(None, help="YAML file of sandbox settings (see configs/sandbox.yaml)."),
     executors: int = typer.Option(None, help="Executors per flavour (lean and warm); default: CPU count."),
     slots: int = typer.Option(None, help="Concurrent calls per executor."),
     uid_base: int = typer.Option(None, help="First uid for calls; give each node on one host its own range."),
@@ -49,7 +50,7 @@ def serve(
     from rstar.sandbox.process import serve as _serve
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _serve(host, port, _sandbox_config(executors, slots, uid_base, timeout_s, batch_size), local=local, workers=worker,
+    _serve(host, port, _sandbox_config(executors, slots, uid_base, timeout_s, batch_size, config), local=local, workers=worker,
            join=join, log_level=log_level)
 
 

@@ -39,6 +39,11 @@ class SandboxConfig:
     max_queue: int = 100_000
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            want = (int, float) if f.type == "float" else {"int": int, "str": str}.get(f.type)
+            if want and (isinstance(v, bool) or not isinstance(v, want)):
+                raise ValueError(f"sandbox config {f.name} must be {f.type}, got {v!r}")
         if self.isolation not in ("strict", "auto"):
             raise ValueError(f"isolation must be 'strict' or 'auto', not {self.isolation!r}")
         for f in fields(self):
@@ -58,6 +63,19 @@ class SandboxConfig:
         if unknown:
             raise ValueError(f"unknown sandbox config keys: {sorted(unknown)}")
         return cls(**d)
+
+    @classmethod
+    def from_yaml(cls, path: str) -> "SandboxConfig":
+        import yaml
+
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of sandbox settings, got {type(data).__name__}")
+        try:
+            return cls.from_dict(data)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from None
 
     def clamp_timeout(self, timeout_s: float | None) -> float:
         if timeout_s is None or timeout_s <= 0:

@@ -1,0 +1,1 @@
+"""Prefect flows (the training pipeline, re-evaluation) and their deployments."""
