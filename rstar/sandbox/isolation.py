@@ -30,7 +30,7 @@ HUGE = 1 << 21
 # World-writable places an unprivileged uid could otherwise write to on the host.
 SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
 WORK_ROOT = "/tmp/rstar-calls"
-_STAY_WRITABLE = ("/tmp", "/proc")  # the calls' working directories; /proc/self/oom_score_adj
+_STAY_WRITABLE = ("/tmp", "/proc")  # the calls' tmpfs (not what is bound into it); /proc/self/oom_score_adj
 
 
 def _check(ret: int, what: str) -> None:
@@ -58,6 +58,28 @@ def _hidden_ancestor(path: str) -> tuple[str, str] | None:
     return None
 
 
+def _replace_with_tmpfs(directory: str, keep: set[str], options: str) -> None:
+    """Mount a fresh tmpfs on `directory`, binding the paths in `keep` (its children) back in."""
+    fds = {child: os.open(child, os.O_PATH) for child in keep}
+    try:
+        _mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        for child, fd in fds.items():
+            if os.path.isdir(f"/proc/self/fd/{fd}"):
+                os.mkdir(child)
+            else:
+                open(child, "w").close()
+            _mount(f"/proc/self/fd/{fd}", child, None, MS_BIND | MS_REC)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _children_on_paths(directory: str, paths: list[str]) -> set[str]:
+    """The children of `directory` that lie on one of `paths`."""
+    prefix = directory.rstrip("/") + "/"
+    return {prefix + p[len(prefix):].split("/")[0] for p in map(os.path.realpath, paths) if p.startswith(prefix)}
+
+
 def _expose(paths: list[str]) -> list[str]:
     """Make `paths` reachable for unprivileged calls when they live under a private directory:
     a traverse-only tmpfs replaces that directory, with only the needed subtrees bound back."""
@@ -67,20 +89,10 @@ def _expose(paths: list[str]) -> list[str]:
             needed.setdefault(hit[0], set()).add(hit[1])
     warnings = []
     for hidden, children in needed.items():
-        fds = {child: os.open(child, os.O_PATH) for child in children}
         try:
-            _mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0711,size=64k")
-            for child, fd in fds.items():
-                if os.path.isdir(f"/proc/self/fd/{fd}"):
-                    os.mkdir(child)
-                else:
-                    open(child, "w").close()
-                _mount(f"/proc/self/fd/{fd}", child, None, MS_BIND | MS_REC)
+            _replace_with_tmpfs(hidden, children, "mode=0711,size=64k")
         except OSError as e:
             warnings.append(f"could not expose {sorted(children)} to calls: {e}")
-        finally:
-            for fd in fds.values():
-                os.close(fd)
     return warnings
 
 
@@ -102,7 +114,7 @@ def _lock_down_mounts() -> list[str]:
         for name, bit in _KEEP_FLAGS.items():
             if name in opts:
                 flags |= bit
-        if not any(point == p or point.startswith(p + "/") for p in _STAY_WRITABLE):
+        if point not in _STAY_WRITABLE:
             flags |= MS_RDONLY
         try:
             _mount("none", point, None, flags)
@@ -134,8 +146,8 @@ def enter_namespaces(workdir_mb: int, expose: list[str]) -> list[str]:
     for path in SHARED_WRITABLE:
         if os.path.isdir(path):
             size = f"{workdir_mb}m" if path == "/tmp" else "1m"
-            try:
-                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0755,size={size}")
+            try:  # the interpreter or project may live here (a checkout in /tmp, say): keep those
+                _replace_with_tmpfs(path, _children_on_paths(path, expose), f"mode=0755,size={size}")
             except OSError as e:
                 warnings.append(f"could not hide {path}: {e}")
     try:
