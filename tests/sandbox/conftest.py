@@ -1,4 +1,5 @@
 import os
+import time
 
 import pytest
 
@@ -41,8 +42,16 @@ async def sandbox():
         yield sb
 
 
+def wait_until_gone(lo: int, hi: int, grace_s: float = 3.0) -> list:
+    """Processes SIGKILLed by a sweep take a moment to finish exiting; give them `grace_s`."""
+    deadline = time.monotonic() + grace_s
+    while (left := processes_of_uids(lo, hi)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 @pytest.fixture
 def no_leftovers():
     """Asserts after the test that no process of the sandbox's call uids is alive."""
     yield
-    assert processes_of_uids(UID_BASE, UID_BASE + 2 * SLOTS) == []
+    assert wait_until_gone(UID_BASE, UID_BASE + 2 * SLOTS) == []
