@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 
+from rstar.storage import atomic_write_text
+
 HEADER = ("# Benchmarks\n\nMeasured figures, each section written by the command named in it. "
           "Machines are noisy: every comparison is made against a baseline measured in the same run.\n")
 
@@ -15,8 +17,4 @@ def write_section(path: str, name: str, markdown: str) -> None:
     text = open(path).read() if os.path.exists(path) else HEADER
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.DOTALL)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)

@@ -1,0 +1,48 @@
+"""Reading and writing the project's Parquet files: atomic writes, checked reads."""
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rstar.data.schema import VERSION, schema
+from rstar.storage import atomic_write, atomic_write_text
+
+
+class DataError(ValueError):
+    """A file or row that is not what it claims to be; the message names it and the problem."""
+
+
+def write_table(rows: list[dict] | pa.Table, path: str, schema_name: str) -> str:
+    """Write rows as Parquet with the named schema, atomically (a crash leaves the old file or
+    none, never half a file)."""
+    table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, schema=schema(schema_name))
+    table = table.cast(schema(schema_name))
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def read_table(path: str, schema_name: str) -> pa.Table:
+    """Read a file written by `write_table`, refusing anything else with a clear error."""
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+    meta = table.schema.metadata or {}
+    found = meta.get(b"rstar.schema", b"").decode()
+    if found != schema_name:
+        raise DataError(f"{path}: expected a {schema_name!r} file, found {found or 'no rstar schema'!r}")
+    version = meta.get(b"rstar.schema_version", b"").decode()
+    if version != VERSION:
+        raise DataError(f"{path}: schema version {version!r}, this code reads version {VERSION!r}")
+    missing = set(schema(schema_name).names) - set(table.schema.names)
+    if missing:
+        raise DataError(f"{path}: missing columns {sorted(missing)}")
+    return table
+
+
+def write_json(obj, path: str) -> str:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True))

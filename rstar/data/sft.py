@@ -1,0 +1,214 @@
+"""Non-reasoning SFT data: teaches the tool-call JSON, reading tool responses, instruction
+following and the <reason>/<answer>/\\boxed{} format, on tasks that are NOT the RL problems
+(as in the paper, SFT teaches form, not math solutions).
+
+Messages use one neutral, OpenAI-like shape, rendered into the model's chat template later:
+    {"role": "user", "content": "..."}
+    {"role": "assistant", "content": "<reason>...</reason>", "tool_calls": [{"name": ..., "arguments": {...}}]}
+    {"role": "tool", "content": "what the sandbox returned"}
+    {"role": "assistant", "content": "<reason>...</reason>\\n<answer>... \\\\boxed{...}</answer>"}
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import random
+import sys
+
+from rstar.data.io import DataError
+from rstar.sandbox.result import ExecResult, Status
+
+TOOL = "execute_python_code_with_standard_io"
+ROLES = ("system", "user", "assistant", "tool")
+_WORDS = ("river", "lantern", "python", "orbit", "meadow", "crystal", "harbor", "velvet", "summit", "thistle",
+          "compass", "falcon", "glacier", "ember", "quartz", "willow", "cobalt", "saffron", "tundra", "zephyr")
+
+
+def simulate_tool(code: str, stdin: str = "") -> str:
+    """What the sandbox's tool response would say for trusted, generated `code` (run here)."""
+    from rstar.sandbox import runner
+
+    out = io.StringIO()
+    saved_stdin = sys.stdin
+    try:
+        body, last = runner.prepare(code, True)
+        sys.stdin = io.StringIO(stdin)
+        with contextlib.redirect_stdout(out):
+            ns: dict = {"__name__": "__main__"}
+            exec(body, ns)
+            value = eval(last, ns) if last is not None else None
+        return ExecResult(status=Status.OK, stdout=out.getvalue(),
+                          value=repr(value) if value is not None else None).tool_text()
+    except Exception as e:  # noqa: BLE001 - the generated bug is the point of the example
+        return ExecResult(status=Status.ERROR, stdout=out.getvalue(), stderr=runner.trimmed_traceback(e, code),
+                          reason=f"{type(e).__name__}: {e}").tool_text()
+    finally:
+        sys.stdin = saved_stdin
+
+
+def _call(code: str, stdin: str = "") -> dict:
+    return {"name": TOOL, "arguments": {"code": code, "input": stdin}}
+
+
+def _answer(reason: str, value) -> dict:
+    return {"role": "assistant", "content": f"<reason>{reason}</reason>\n<answer>The answer is \\boxed{{{value}}}.</answer>"}
+
+
+def _with_tool(task: str, plan: str, code: str, read: str, value) -> list[dict]:
+    return [{"role": "user", "content": task},
+            {"role": "assistant", "content": f"<reason>{plan}</reason>", "tool_calls": [_call(code)]},
+            {"role": "tool", "content": simulate_tool(code)},
+            _answer(read, value)]
+
+
+def _reverse(rng):
+    w = rng.choice(_WORDS)
+    return "reverse", _with_tool(f"Reverse the string '{w}'.", "I will reverse it with Python slicing.",
+                                 f"print('{w}'[::-1])", "The tool printed the reversed string.", w[::-1])
+
+
+def _count_letter(rng):
+    s = " ".join(rng.sample(_WORDS, 3))
+    c = rng.choice(sorted(set(s.replace(" ", ""))))
+    return "count_letter", _with_tool(f"How many times does the letter '{c}' appear in \"{s}\"?",
+                                      "Counting by hand is error-prone; I will count with Python.",
+                                      f"text = {s!r}\ntext.count({c!r})", "The tool returned the count.", s.count(c))
+
+
+def _sort_words(rng):
+    ws = rng.sample(_WORDS, 5)
+    return "sort_words", _with_tool(f"Sort these words alphabetically: {', '.join(ws)}.",
+                                    "I will sort them with Python and join them with commas.",
+                                    f"print(', '.join(sorted({ws!r})))", "The tool printed them in order.",
+                                    ", ".join(sorted(ws)))
+
+
+def _word_count(rng):
+    sentence = " ".join(rng.choices(_WORDS, k=rng.randint(4, 12))).capitalize() + "."
+    return "word_count", _with_tool(f"How many words are in this sentence? \"{sentence}\"",
+                                    "I will split the sentence on whitespace and count the parts.",
+                                    f"print(len({sentence!r}.split()))", "The tool printed the number of words.",
+                                    len(sentence.split()))
+
+
+def _longest_word(rng):
+    ws = rng.sample(_WORDS, 6)
+    best = max(ws, key=len)
+    return "longest_word", _with_tool(f"Which is the longest word in this list: {', '.join(ws)}? "
+                                      "If several tie, give the first.", "Python's max with key=len keeps the first.",
+                                      f"words = {ws!r}\nmax(words, key=len)", "The tool returned the word.", best)
+
+
+def _error_recovery(rng):
+    w = rng.choice(_WORDS)
+    bad, good = f"print(lenght('{w}'))", f"print(len('{w}'))"
+    return "error_recovery", [
+        {"role": "user", "content": f"How many characters does the string '{w}' have?"},
+        {"role": "assistant", "content": "<reason>I will measure it with Python.</reason>", "tool_calls": [_call(bad)]},
+        {"role": "tool", "content": simulate_tool(bad)},
+        {"role": "assistant", "content": "<reason>The error says the name is misspelled; len is the right "
+                                         "function. I will fix the call.</reason>", "tool_calls": [_call(good)]},
+        {"role": "tool", "content": simulate_tool(good)},
+        _answer("After fixing the typo the tool printed the length.", len(w))]
+
+
+def _stdin_echo(rng):
+    w = rng.choice(_WORDS)
+    code = "s = input()\nprint(s.upper())"
+    return "stdin", [
+        {"role": "user", "content": f"Use the tool's standard input to pass the word '{w}' and print it in capitals."},
+        {"role": "assistant", "content": "<reason>The code reads the word from standard input.</reason>",
+         "tool_calls": [_call(code, w)]},
+        {"role": "tool", "content": simulate_tool(code, w)},
+        _answer("The tool printed the capitalised word.", w.upper())]
+
+
+def _no_tool(rng):
+    w = rng.choice(_WORDS)
+    kind = rng.randrange(3)
+    if kind == 0:
+        return "instruction", [{"role": "user", "content": f"Reply with the word '{w}' and nothing else in the answer."},
+                               _answer("The user asks for one exact word.", w)]
+    if kind == 1:
+        return "instruction", [{"role": "user", "content": f"Write the word '{w}' in capital letters."},
+                               _answer("Capitalising each letter gives the answer.", w.upper())]
+    return "chat", [{"role": "user", "content": f"Hi! Could you tell me the first letter of '{w}'?"},
+                    _answer("The first letter is the one at the start of the word.", w[0])]
+
+
+TASKS = (_reverse, _count_letter, _sort_words, _word_count, _longest_word, _error_recovery, _stdin_echo, _no_tool)
+
+
+def generate(n: int, *, seed: int = 0) -> list[dict]:
+    """`n` examples, rows of the sft schema, deterministic in `seed`."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        task, messages = TASKS[i % len(TASKS)](rng)
+        rows.append({"id": f"sft-{seed}-{i:06d}", "task": task, "source": "synthetic",
+                     "messages": json.dumps(messages)})
+    return rows
+
+
+def normalize_messages(messages, where: str) -> list[dict]:
+    """Validate OpenAI-style messages (tool calls as {"type": "function", "function": {...}} with
+    JSON-string arguments, or our {"name", "arguments"}) into the neutral shape. Raises DataError
+    naming `where` (file and row) and the field."""
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: messages must be a non-empty list")
+    out = []
+    for i, m in enumerate(messages):
+        at = f"{where}: messages[{i}]"
+        if not isinstance(m, dict):
+            raise DataError(f"{at}: must be an object")
+        role = m.get("role")
+        if role not in ROLES:
+            raise DataError(f"{at}.role: {role!r} is not one of {ROLES}")
+        content = m.get("content") or ""
+        if not isinstance(content, str):
+            raise DataError(f"{at}.content: must be a string")
+        msg = {"role": role, "content": content}
+        calls = m.get("tool_calls") or []
+        if calls and role != "assistant":
+            raise DataError(f"{at}.tool_calls: only assistant messages call tools")
+        norm = []
+        for j, c in enumerate(calls):
+            fn = c.get("function", c) if isinstance(c, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise DataError(f"{at}.tool_calls[{j}]: needs a function name")
+            args = fn.get("arguments", {})
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{at}.tool_calls[{j}].arguments: not valid JSON ({e.msg})") from None
+            if not isinstance(args, dict):
+                raise DataError(f"{at}.tool_calls[{j}].arguments: must be a JSON object")
+            norm.append({"name": fn["name"], "arguments": args})
+        if norm:
+            msg["tool_calls"] = norm
+        out.append(msg)
+    if not any(m["role"] == "assistant" for m in out):
+        raise DataError(f"{where}: no assistant message to learn from")
+    return out
+
+
+def load_sft(path: str, *, messages_key: str = "messages") -> list[dict]:
+    """Real SFT data (JSONL or Parquet rows with a `messages` list) as rows of the sft schema."""
+    from rstar.data.sources import BadRow, read_rows
+
+    rows = []
+    for row_id, row in read_rows(path):
+        where = f"{path} row {row_id}"
+        if isinstance(row, BadRow):
+            raise DataError(f"{where}: {row.detail}")
+        messages = row.get(messages_key)
+        if isinstance(messages, str):
+            try:
+                messages = json.loads(messages)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}.{messages_key}: not valid JSON ({e.msg})") from None
+        rows.append({"id": str(row.get("id", f"{path}#{row_id}")), "task": str(row.get("task", "chat")),
+                     "source": path, "messages": json.dumps(normalize_messages(messages, where))})
+    return rows

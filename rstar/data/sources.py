@@ -1,0 +1,115 @@
+"""Load problems from Parquet, JSON lines or a Hugging Face dataset into raw rows.
+
+Each source maps its own columns onto (id, problem, answer); `PRESETS` knows the public
+sets the paper curated from, and any other layout is a `Columns(...)` away. Rows come out
+as `(row_id, dict)`; a row that cannot even be read is yielded as a `BadRow` so curation
+counts it instead of losing it.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rstar.data.io import DataError
+
+
+@dataclass(frozen=True)
+class Columns:
+    problem: str = "problem"
+    answer: str = "answer"
+    id: str | None = "id"  # None: ids are made from the source name and row number
+
+
+PRESETS = {
+    "generic": Columns(),
+    # DAPO-Math-17k: the prompt is a chat-message list; the label sits in reward_model.ground_truth
+    "dapo": Columns(problem="prompt", answer="reward_model.ground_truth", id=None),
+    "openmathreasoning": Columns(problem="problem", answer="expected_answer", id=None),
+    "project_euler": Columns(problem="problem", answer="answer", id="id"),
+    "aops": Columns(problem="problem", answer="answer", id=None),
+}
+
+
+@dataclass(frozen=True)
+class BadRow:
+    reason: str
+    detail: str
+    raw: str
+
+
+def get_field(row: dict, path: str):
+    """A dotted path into nested dicts; a chat-message list yields its last user message."""
+    value = row
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value):
+        users = [m["content"] for m in value if m.get("role") == "user"]
+        return users[-1] if users else value[-1]["content"]
+    return value
+
+
+def read_rows(source: str, *, split: str = "train") -> Iterator[tuple[int, dict | BadRow]]:
+    """Rows of a Parquet file, a JSONL file, or (any other string) a Hugging Face dataset name."""
+    if source.endswith(".parquet"):
+        yield from _parquet_rows(source)
+    elif source.endswith((".jsonl", ".json")):
+        yield from _jsonl_rows(source)
+    elif os.path.exists(source):
+        raise DataError(f"{source}: unknown file type (expected .parquet, .jsonl or .json)")
+    else:
+        yield from _hub_rows(source, split)
+
+
+def _parquet_rows(path: str):
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+    yield from enumerate(table.to_pylist())
+
+
+def _jsonl_rows(path: str):
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    good = 0
+    bad: list[tuple[int, BadRow]] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                bad.append((i, BadRow("bad_json", f"line {i + 1}: {e.msg}", line[:2000])))
+                continue
+            if not isinstance(row, dict):
+                bad.append((i, BadRow("wrong_type", f"line {i + 1}: a JSON {type(row).__name__}, not an object",
+                                      line[:2000])))
+                continue
+            good += 1
+            yield i, row
+    if bad and not good:
+        raise DataError(f"{path}: not JSON lines (no line is a JSON object; line {bad[0][0] + 1}: "
+                        f"{bad[0][1].detail.split(': ', 1)[-1]})")
+    yield from bad
+
+
+def _hub_rows(name: str, split: str):
+    try:
+        import datasets
+    except ImportError as e:  # pragma: no cover - datasets is a dependency
+        raise DataError(f"{name}: loading from the Hugging Face hub needs the `datasets` package") from e
+    try:
+        ds = datasets.load_dataset(name, split=split)
+    except Exception as e:  # noqa: BLE001 - offline, missing, private...: say which and why
+        raise DataError(f"{name}: not a local file and could not be loaded from the hub ({e})") from None
+    yield from enumerate(ds)
