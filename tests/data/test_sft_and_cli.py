@@ -99,7 +99,11 @@ def test_data_commands(tmp_path):
                             "--out", str(tmp_path / "c.parquet")])
     assert r.exit_code == 0, r.output
     report = json.loads((tmp_path / "c.report.json").read_text())
-    assert report["dropped"]["contaminated"] == 5 and report["kept"] + sum(report["dropped"].values()) == 60
+    assert report["kept"] + sum(report["dropped"].values()) == 60
+    # the 5 evaluation problems are among the training ones (same seed), and templated wording
+    # can share 8-grams beyond them: all 5 must go, possibly more
+    rejected = read_table(str(tmp_path / "c.rejects.parquet"), "rejects").to_pylist()
+    assert {r["row_id"] for r in rejected if r["reason"] == "contaminated"} >= {0, 1, 2, 3, 4}
     rollouts = tmp_path / "rollouts.jsonl"
     kept = read_table(str(tmp_path / "c.parquet"), "problems").to_pylist()
     rollouts.write_text("".join(json.dumps({"problem_id": p["id"], "reward": float(i % 2)}) + "\n"
