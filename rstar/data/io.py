@@ -23,14 +23,19 @@ def write_table(rows: list[dict] | pa.Table, path: str, schema_name: str) -> str
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
-def read_table(path: str, schema_name: str) -> pa.Table:
-    """Read a file written by `write_table`, refusing anything else with a clear error."""
+def read_parquet(path: str) -> pa.Table:
+    """Any Parquet file; a missing or non-Parquet one raises DataError naming it."""
     if not os.path.exists(path):
         raise DataError(f"{path}: no such file")
     try:
-        table = pq.read_table(path)
+        return pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+
+
+def read_table(path: str, schema_name: str) -> pa.Table:
+    """Read a file written by `write_table`, refusing anything else with a clear error."""
+    table = read_parquet(path)
     meta = table.schema.metadata or {}
     found = meta.get(b"rstar.schema", b"").decode()
     if found != schema_name:

@@ -12,10 +12,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from rstar.data.io import DataError
+from rstar.data.io import DataError, read_parquet
 
 
 @dataclass(frozen=True)
@@ -68,13 +65,7 @@ def read_rows(source: str, *, split: str = "train") -> Iterator[tuple[int, dict 
 
 
 def _parquet_rows(path: str):
-    if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
-    yield from enumerate(table.to_pylist())
+    yield from enumerate(read_parquet(path).to_pylist())
 
 
 def _jsonl_rows(path: str):
