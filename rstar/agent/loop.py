@@ -1,0 +1,177 @@
+"""The multi-turn agent loop: generate a turn, run its tool calls in the sandbox, append the
+responses, repeat, until the model answers or a limit is hit. Token-level record included.
+
+Engine-agnostic: it talks to anything with
+`async generate(request_id, prompt_ids, sampling_params) -> Generation` (the local HF engine,
+vLLM, or verl's server manager through the adapter in `rstar.agent.verl`), and to any
+sandbox with `async run_many([ExecRequest]) -> [ExecResult]`.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rstar.agent.format import IM_END, TOOL_SCHEMA, parse_tool_calls, problem_messages, tool_turn
+from rstar.sandbox.result import ExecRequest, ExecResult, Status
+
+FINISH_REASONS = ("answered", "no_tool_call", "turn_limit", "length_limit")
+TOOL_ERRORS = ("parse_error", "error", "timeout", "killed", "rejected")
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    log_probs: list[float]
+    entropies: list[float] | None = None
+    stop_reason: str = "stop"  # "stop": end of turn; "length": hit max_tokens; "aborted"
+
+
+class Engine(Protocol):
+    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation: ...
+
+
+class Sandbox(Protocol):
+    async def run_many(self, reqs: list[ExecRequest]) -> list[ExecResult]: ...
+
+
+@dataclass
+class LoopConfig:
+    max_turns: int = 10
+    max_response_tokens: int = 8192       # model and tool tokens together
+    max_tool_response_tokens: int = 1024  # a longer tool response is cut, with a mark
+    temperature: float = 1.0
+    top_p: float = 1.0
+    tool_timeout_s: float = 10.0
+
+
+@dataclass
+class ToolRecord:
+    turn: int
+    code: str
+    status: str        # an ExecResult status, or "parse_error" for a call that could not be run
+    latency_s: float
+    detail: str = ""
+
+    @property
+    def is_error(self) -> bool:
+        return self.status in TOOL_ERRORS
+
+
+@dataclass
+class Trajectory:
+    request_id: str
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)   # 1: model token, 0: tool-response token
+    log_probs: list[float] = field(default_factory=list)     # sampling log-prob (0.0 on tool tokens)
+    entropies: list[float] = field(default_factory=list)     # per-token entropy (0.0 on tool tokens)
+    turns: int = 0                                           # assistant turns
+    tool_calls: list[ToolRecord] = field(default_factory=list)
+    finish_reason: str = ""
+    response_text: str = ""
+    generate_s: float = 0.0
+    tool_s: float = 0.0
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length_limit"
+
+    @property
+    def num_tool_errors(self) -> int:
+        return sum(c.is_error for c in self.tool_calls)
+
+    @property
+    def num_answers(self) -> int:
+        return self.response_text.count("<answer>")
+
+    def _append(self, ids: list[int], model: bool, log_probs=None, entropies=None) -> None:
+        self.response_ids += ids
+        self.response_mask += [int(model)] * len(ids)
+        self.log_probs += log_probs if log_probs is not None else [0.0] * len(ids)
+        self.entropies += entropies if entropies is not None else [0.0] * len(ids)
+
+
+class AgentLoop:
+    def __init__(self, engine: Engine, tokenizer, sandbox: Sandbox, cfg: LoopConfig | None = None) -> None:
+        self.engine, self.tok, self.sandbox = engine, tokenizer, sandbox
+        self.cfg = cfg or LoopConfig()
+        self.stop_ids = [tokenizer.convert_tokens_to_ids(IM_END)]
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in self.stop_ids:
+            self.stop_ids.append(tokenizer.eos_token_id)
+
+    def prompt_ids(self, problem: str) -> list[int]:
+        text = self.tok.apply_chat_template(problem_messages(problem), tools=[TOOL_SCHEMA], tokenize=False,
+                                            add_generation_prompt=True)
+        return self.tok.encode(text, add_special_tokens=False)
+
+    async def run(self, problem: str, request_id: str) -> Trajectory:
+        cfg = self.cfg
+        traj = Trajectory(request_id, self.prompt_ids(problem))
+        texts: list[str] = []
+        for turn in range(1, cfg.max_turns + 1):
+            budget = cfg.max_response_tokens - len(traj.response_ids)
+            if budget <= 0:
+                traj.finish_reason = "length_limit"
+                break
+            start = time.monotonic()
+            gen = await self.engine.generate(
+                f"{request_id}/{turn}", traj.prompt_ids + traj.response_ids,
+                {"max_tokens": budget, "temperature": cfg.temperature, "top_p": cfg.top_p,
+                 "stop_token_ids": self.stop_ids})
+            traj.generate_s += time.monotonic() - start
+            traj.turns = turn
+            traj._append(gen.token_ids, True, gen.log_probs, gen.entropies)
+            text = self.tok.decode(gen.token_ids, skip_special_tokens=False)
+            texts.append(text)
+            if gen.stop_reason != "stop":
+                traj.finish_reason = "length_limit"
+                break
+            calls = parse_tool_calls(text)
+            if not calls:
+                traj.finish_reason = "answered" if "<answer>" in text else "no_tool_call"
+                break
+            if turn == cfg.max_turns:
+                traj.finish_reason = "turn_limit"
+                break
+            responses = await self._run_tools(calls, turn, traj)
+            tail = self.tok.encode(tool_turn(responses), add_special_tokens=False)
+            room = cfg.max_response_tokens - len(traj.response_ids)
+            traj._append(tail[:room], False)
+            texts.append(self.tok.decode(tail[:room], skip_special_tokens=False))
+            if len(tail) > room:
+                traj.finish_reason = "length_limit"
+                break
+        traj.response_text = "".join(texts)
+        return traj
+
+    async def _run_tools(self, calls, turn: int, traj: Trajectory) -> list[str]:
+        """Run a turn's calls concurrently; unusable calls answer with their parse error."""
+        runnable = [c for c in calls if c.error is None]
+        start = time.monotonic()
+        results = iter(await self.sandbox.run_many(
+            [ExecRequest(c.arguments["code"], c.arguments["input"], self.cfg.tool_timeout_s) for c in runnable]))
+        traj.tool_s += time.monotonic() - start
+        responses = []
+        for call in calls:
+            if call.error is not None:
+                traj.tool_calls.append(ToolRecord(turn, call.raw, "parse_error", 0.0, call.error))
+                responses.append(call.error)
+                continue
+            res: ExecResult = next(results)
+            traj.tool_calls.append(ToolRecord(turn, call.arguments["code"], res.status.value, res.wall_s, res.reason))
+            responses.append(self._truncate(res.tool_text() if res.status is not Status.REJECTED
+                                            else f"Rejected: {res.reason}"))
+        return responses
+
+    def _truncate(self, text: str) -> str:
+        ids = self.tok.encode(text, add_special_tokens=False)
+        limit = self.cfg.max_tool_response_tokens
+        if len(ids) <= limit:
+            return text
+        return self.tok.decode(ids[:limit]) + f"\n... [tool response truncated: {len(ids) - limit} more tokens]"
+
+    async def run_many(self, problems: list[tuple[str, str]]) -> list[Trajectory]:
+        """[(request_id, problem)] concurrently."""
+        return list(await asyncio.gather(*(self.run(p, rid) for rid, p in problems)))

@@ -1,0 +1,1 @@
+"""Models and tokenizers: the tiny locally-built policy of the embedded default."""

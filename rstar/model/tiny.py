@@ -1,0 +1,69 @@
+"""A tiny causal LM and its tokenizer, built and trained locally (nothing from a hub).
+
+The tokenizer is a byte-level BPE trained on the project's own synthetic problems and SFT
+chats, with single-digit number tokens and the format's tags as whole tokens; it carries
+the chat template, so the saved directory loads the same in transformers, vLLM and verl.
+The model is a Qwen2-architecture decoder of a few million parameters.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from rstar.agent.format import CHAT_TEMPLATE, EOS, IM_END, IM_START, TOOL_SCHEMA, problem_messages, render
+
+SPECIAL = [EOS, IM_START, IM_END]
+FORMAT_TAGS = ["<reason>", "</reason>", "<answer>", "</answer>", "<tool_call>", "</tool_call>",
+               "<tool_response>", "</tool_response>", "\\boxed"]
+
+
+def tokenizer_corpus(n_problems: int = 3000, n_sft: int = 1500, seed: int = 0) -> list[str]:
+    """Texts in the shape the model will see: rendered problems and SFT chats."""
+    from rstar.data import sft, synth
+
+    texts = [render(problem_messages(p["problem"]), tools=[TOOL_SCHEMA], add_generation_prompt=True)
+             + f"<reason>\n</reason>\n<answer>\\boxed{{{p['answer']}}}</answer>"
+             for p in synth.generate(n_problems, seed=seed)]
+    texts += [render(json.loads(r["messages"])) for r in sft.generate(n_sft, seed=seed)]
+    return texts
+
+
+def build_tokenizer(vocab_size: int = 2048, seed: int = 0):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(tokenizer_corpus(seed=seed), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=EOS,
+                                   additional_special_tokens=[IM_START], chat_template=CHAT_TEMPLATE)
+    fast.add_tokens(FORMAT_TAGS)
+    return fast
+
+
+def build_model(tokenizer, *, hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
+                intermediate: int = 384, max_positions: int = 2048, seed: int = 0):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate,
+                         max_position_embeddings=max_positions, tie_word_embeddings=True,
+                         eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+                         pad_token_id=tokenizer.convert_tokens_to_ids(EOS), bos_token_id=None)
+    return Qwen2ForCausalLM(config)
+
+
+def build_tiny(out_dir: str, *, seed: int = 0, **model_kwargs) -> str:
+    """Tokenizer + randomly initialised model, saved in Hugging Face format to `out_dir`."""
+    tokenizer = build_tokenizer(seed=seed)
+    model = build_model(tokenizer, seed=seed, **model_kwargs)
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
