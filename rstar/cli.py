@@ -8,6 +8,7 @@ import typer
 
 from rstar.data.cli import app as data_app
 from rstar.reward.cli import app as reward_app
+from rstar.rollout.cli import rollout_command
 
 app = typer.Typer(help="rstar: agentic RL for math reasoning, as a pipeline people can run.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -16,6 +17,7 @@ sandbox_app = typer.Typer(help="The isolated Python sandbox that runs the model'
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(data_app, name="data")
 app.add_typer(reward_app, name="reward")
+app.command("rollout")(rollout_command)
 
 
 def _sandbox_config(executors: int | None, slots: int | None, uid_base: int | None, timeout_s: float | None,

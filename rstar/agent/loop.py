@@ -9,8 +9,9 @@ sandbox with `async run_many([ExecRequest]) -> [ExecResult]`.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from rstar.agent.format import IM_END, TOOL_SCHEMA, parse_tool_calls, problem_messages, tool_turn
@@ -85,6 +86,21 @@ class Trajectory:
     @property
     def num_answers(self) -> int:
         return self.response_text.count("<answer>")
+
+    def to_record(self, *, problem_id: str, group_id: str, sample_index: int, stage: str, policy_step: int,
+                  prompt_text: str, reward: float, answer: str | None) -> dict:
+        """A row of the trajectories schema (rstar.data.schema)."""
+        return {
+            "problem_id": problem_id, "group_id": group_id, "sample_index": sample_index, "stage": stage,
+            "policy_step": policy_step, "prompt_text": prompt_text, "response_text": self.response_text,
+            "prompt_ids": self.prompt_ids, "response_ids": self.response_ids, "response_mask": self.response_mask,
+            "log_probs": self.log_probs, "entropies": self.entropies, "reward": reward, "answer": answer,
+            "finish_reason": self.finish_reason, "turns": self.turns, "num_answers": self.num_answers,
+            "num_tool_calls": len(self.tool_calls), "num_tool_errors": self.num_tool_errors,
+            "tool_calls": json.dumps([asdict(c) for c in self.tool_calls]),
+            "prompt_len": len(self.prompt_ids), "response_len": len(self.response_ids),
+            "generate_s": self.generate_s, "tool_s": self.tool_s,
+        }
 
     def _append(self, ids: list[int], model: bool, log_probs=None, entropies=None) -> None:
         self.response_ids += ids

@@ -1,0 +1,1 @@
+"""Turning a policy and problems into trajectories: engines, scheduling, the rollout runner."""
