@@ -1,0 +1,76 @@
+"""The agent loop under verl, on CPU: verl's AgentLoopBase subclass driven by a fake server
+manager that returns verl's own TokenOutput (the vLLM replicas it stands for need GPUs)."""
+import json
+
+import pytest
+
+verl_agent = pytest.importorskip("verl.experimental.agent_loop.agent_loop")
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+
+from rstar.agent.format import IM_END, TOOL_NAME  # noqa: E402
+from rstar.sandbox.process import SandboxProcess  # noqa: E402
+
+
+class FakeServerManager:
+    def __init__(self, tokenizer, turns):
+        self.tok, self.turns, self.calls = tokenizer, list(turns), []
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kw):
+        self.calls.append(sampling_params)
+        ids = self.tok.encode(self.turns.pop(0), add_special_tokens=False) + [self.tok.convert_tokens_to_ids(IM_END)]
+        return TokenOutput(token_ids=ids, log_probs=[-0.25] * len(ids), stop_reason="completed")
+
+
+@pytest.fixture(scope="module")
+def sandbox_url():
+    with SandboxProcess("--executors", "1", "--slots", "2", "--uid-base", "420000") as proc:
+        yield proc.url
+
+
+@pytest.fixture(autouse=True)
+async def close_clients():
+    yield
+    from rstar.agent.verl_adapter import close_sandbox_clients
+
+    await close_sandbox_clients()
+
+
+async def test_rstar_agent_loop_in_verl(tokenizer, sandbox_url):
+    from rstar.agent.verl_adapter import RStarAgentLoop, compute_score
+
+    assert verl_agent._agent_loop_registry["rstar_agent"]["_target_"].endswith("RStarAgentLoop")
+    call = json.dumps({"name": TOOL_NAME, "arguments": {"code": "print(6*7)", "input": ""}})
+    server = FakeServerManager(tokenizer, [f"<reason>compute</reason>\n<tool_call>\n{call}\n</tool_call>",
+                                           "<reason>ok</reason>\n<answer>\\boxed{42}</answer>"])
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 200, "prompt_length": 600}},
+                               "rstar": {"sandbox_url": sandbox_url, "max_turns": 4}})
+    loop = RStarAgentLoop(trainer_config=verl_agent.DictConfigWrap(config), server_manager=server,
+                          tokenizer=tokenizer, processor=None, dataset_cls=None,
+                          data_config=verl_agent.DictConfigWrap(OmegaConf.create({})))
+    out = await loop.run({"temperature": 1.0, "top_p": 1.0}, extra_info={"problem": "What is 6*7?"})
+    assert isinstance(out, verl_agent.AgentLoopOutput)
+    assert len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs)
+    assert out.extra_fields["rstar_finish_reason"] == "answered"
+    assert out.extra_fields["rstar_num_tool_calls"] == 1 and out.extra_fields["rstar_num_tool_errors"] == 0
+    tool_text = tokenizer.decode([t for t, m in zip(out.response_ids, out.response_mask) if not m])
+    assert "<tool_response>\n42\n</tool_response>" in tool_text  # the real sandbox ran the call
+    assert server.calls[0]["max_tokens"] == 200 and server.calls[1]["max_tokens"] < 200
+    text = tokenizer.decode(out.response_ids)
+    assert compute_score("synthetic", text, "42") == 1.0
+    assert compute_score("synthetic", text, "42", {"rstar_truncated": True}) == 0.0
+    batch = out.as_dict()  # what verl's worker turns into tensors
+    assert batch["responses"].shape == batch["response_mask"].shape
+
+
+async def test_sandbox_tool_for_verls_tool_loop(sandbox_url):
+    from rstar.agent.verl_adapter import SandboxTool
+
+    tool = SandboxTool({"sandbox_url": sandbox_url, "timeout_s": 3})
+    assert tool.name == TOOL_NAME
+    iid, _ = await tool.create()
+    resp, reward, metrics = await tool.execute(iid, {"code": "n = int(input())\nn * 2", "input": "21"})
+    assert resp.text == "42" and metrics["status"] == "ok"
+    resp, _, metrics = await tool.execute(iid, {"code": 5})
+    assert metrics["status"] == "parse_error" and "Invalid arguments" in resp.text
