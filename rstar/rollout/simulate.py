@@ -1,0 +1,221 @@
+"""A discrete-event model of rollout generation on N replicas, to compare the static equal
+split with the KV-aware balanced scheduler at scales this machine cannot run.
+
+A replica decodes in steps: one token for each active request per step, a step taking
+`a + c * batch` seconds (calibrated from real timings of the local engine), plus prefill
+at `prefill_s_per_token`. Its KV cache holds `capacity` tokens. Static: each replica takes
+its equal share of rollouts at once; when their contexts outgrow the cache the newest
+request is evicted and must recompute its context later (what vLLM does under
+over-commit). Balanced: `scheduler.choose_replica` places each turn from one shared queue
+with a worst-case reservation, so there are no evictions; tool waits hold no reservation.
+Tokens advance in chunks of `chunk` per event to keep the model fast.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import dataclass, field
+
+from rstar.rollout.scheduler import choose_replica
+
+
+@dataclass
+class Workload:
+    turns: list[list[tuple[int, float]]]  # per rollout: [(tokens generated this turn, tool wait after it)]
+    prompt_tokens: int = 300
+    tool_tokens: int = 120                 # tokens of each tool response
+    max_response: int = 12_288
+
+    @classmethod
+    def long_tail(cls, rollouts: int, seed: int = 0, lo: int = 1024, hi: int = 12_288) -> "Workload":
+        rng = random.Random(seed)
+        turns = []
+        for _ in range(rollouts):
+            total = int(min(hi, max(lo, rng.lognormvariate(math.log(2500), 0.75))))
+            k = rng.randint(1, 6)
+            cuts = sorted(rng.sample(range(1, total), k - 1)) if k > 1 else []
+            sizes = [b - a for a, b in zip([0] + cuts, cuts + [total])]
+            turns.append([(s, rng.uniform(0.05, 2.0) if j < k - 1 else 0.0) for j, s in enumerate(sizes)])
+        return cls(turns)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(n for r in self.turns for n, _ in r)
+
+
+@dataclass
+class ReplicaModel:
+    a: float                  # seconds per decode step, fixed part
+    c: float                  # seconds per decode step per sequence in the batch
+    prefill_s_per_token: float
+    capacity: int             # KV cache tokens
+
+    def step(self, batch: int) -> float:
+        return self.a + self.c * batch
+
+
+@dataclass
+class _Req:
+    rollout: int
+    turn: int
+    context: int          # tokens in its context (grows as it decodes)
+    remaining: int        # tokens still to generate this turn
+    need: int             # balanced: KV tokens reserved (context + the most this request may generate)
+    quota: int            # tokens this request may still generate (a generation chunk, or the budget)
+    cached: bool = False  # its context is in the KV cache (False: prefill, or recompute after eviction)
+    evicted: bool = False
+    last_replica: int = -1
+
+
+@dataclass
+class _Replica:
+    active: list = field(default_factory=list)
+    waiting: list = field(default_factory=list)  # static: its share, not admitted yet or evicted
+    reserved: int = 0
+    busy_time: float = 0.0
+    running: bool = False
+
+    def used(self) -> int:
+        return sum(r.context for r in self.active)
+
+
+@dataclass
+class Result:
+    policy: str
+    replicas: int
+    makespan_s: float
+    idle_fraction: float
+    evictions: int
+    recomputed_tokens: int
+    max_kv_use: float       # peak KV in use / capacity
+
+
+def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, chunk: int = 64,
+             gen_chunk: int = 0) -> Result:
+    """`gen_chunk` > 0 (balanced only): a turn is generated in requests of at most that many
+    tokens, each reserving only its own chunk, re-dispatched in between (see AgentLoop)."""
+    if policy not in ("static", "balanced"):
+        raise ValueError(f"policy must be 'static' or 'balanced', not {policy!r}")
+    reps = [_Replica() for _ in range(replicas)]
+    events: list = []
+    counter = 0
+    queue: list[_Req] = []       # balanced: the shared queue
+    home: dict[int, int] = {}
+    stats = {"evictions": 0, "recomputed": 0, "peak": 0.0, "done_at": 0.0}
+
+    def push(t: float, kind: str, payload) -> None:
+        nonlocal counter
+        counter += 1
+        heapq.heappush(events, (t, counter, kind, payload))
+
+    def request(r: int, turn: int, context: int, remaining: int | None = None) -> _Req:
+        remaining = work.turns[r][turn][0] if remaining is None else remaining
+        # the workload's turns fit the budget; tool tokens aside, so never below what is left
+        budget = max(remaining, work.max_response - (context - work.prompt_tokens))
+        quota = min(gen_chunk, budget) if gen_chunk and policy == "balanced" else budget
+        return _Req(r, turn, context, remaining, context + quota, quota)
+
+    def kick(i: int, now: float) -> None:
+        if (reps[i].active or reps[i].waiting) and not reps[i].running:
+            reps[i].running = True
+            push(now, "step", i)
+
+    alive = [True] * replicas
+
+    def dispatch(now: float) -> None:
+        free = [model.capacity - r.reserved for r in reps]
+        smallest = min((req.need for req in queue), default=0)
+        if max(free) < smallest:
+            return  # nothing can be placed: skip the scan
+        waiting = []
+        for req in queue:
+            i = choose_replica(free, alive, req.need, home.get(req.rollout))
+            if i is None:
+                waiting.append(req)
+                continue
+            home[req.rollout] = i
+            req.cached = req.last_replica == i  # its prefix is still cached where it last ran
+            req.last_replica = i
+            free[i] -= req.need
+            reps[i].reserved += req.need
+            reps[i].active.append(req)
+            kick(i, now)
+        queue[:] = waiting
+
+    def submit(req: _Req, now: float) -> None:
+        if policy == "static":
+            i = home.setdefault(req.rollout, req.rollout % replicas)
+            reps[i].waiting.append(req)
+            kick(i, now)
+        else:
+            queue.append(req)
+            dispatch(now)
+
+    for r in range(len(work.turns)):
+        submit(request(r, 0, work.prompt_tokens), 0.0)
+
+    while events:
+        now, _, kind, payload = heapq.heappop(events)
+        if kind == "tool_done":
+            submit(request(*payload), now)
+            continue
+        rep = reps[payload]
+        if policy == "static":  # like vLLM: admit while the *current* contexts fit
+            while rep.waiting and rep.used() + rep.waiting[0].context <= model.capacity:
+                rep.active.append(rep.waiting.pop(0))
+        if not rep.active:
+            rep.running = False
+            continue
+        n = min(chunk, min(min(req.remaining, req.quota) for req in rep.active))
+        if policy == "static":  # growth past the cache evicts the newest; it recomputes later
+            while rep.used() + n * len(rep.active) > model.capacity and len(rep.active) > 1:
+                victim = rep.active.pop()
+                victim.cached, victim.evicted = False, True
+                rep.waiting.insert(0, victim)
+                stats["evictions"] += 1
+        prefill = 0
+        for req in rep.active:
+            if not req.cached:
+                prefill += req.context
+                stats["recomputed"] += req.context if req.evicted else 0
+                req.cached, req.evicted = True, False
+        stats["peak"] = max(stats["peak"], (rep.used() + n * len(rep.active)) / model.capacity)
+        dt = n * model.step(len(rep.active)) + prefill * model.prefill_s_per_token
+        rep.busy_time += dt
+        end = now + dt
+        for req in list(rep.active):
+            req.remaining -= n
+            req.quota -= n
+            req.context += n
+            if req.remaining and req.quota:
+                continue
+            rep.active.remove(req)
+            rep.reserved -= req.need if policy == "balanced" else 0
+            if req.remaining:  # a generation chunk ended mid-turn: the rest is a new request
+                nxt = request(req.rollout, req.turn, req.context, req.remaining)
+                nxt.last_replica = payload
+                queue.insert(0, nxt)  # a rollout in progress goes before new ones: its prefix is cached
+                continue
+            turns = work.turns[req.rollout]
+            if req.turn + 1 < len(turns):
+                push(end + turns[req.turn][1], "tool_done", (req.rollout, req.turn + 1, req.context + work.tool_tokens))
+            else:
+                stats["done_at"] = max(stats["done_at"], end)
+        if policy == "balanced":
+            dispatch(end)
+        push(end, "step", payload)
+    done_at = stats["done_at"]
+    idle = 1 - sum(r.busy_time for r in reps) / (done_at * replicas) if done_at else 0.0
+    return Result(policy, replicas, done_at, idle, stats["evictions"], stats["recomputed"], stats["peak"])
+
+
+def lower_bound(work: Workload, model: ReplicaModel, replicas: int) -> float:
+    """No schedule beats this: all tokens decoded at the largest batch the KV cache holds, split
+    evenly, and no rollout faster than its own tokens at that pace plus its tool waits."""
+    mean_context = work.prompt_tokens + work.total_tokens / len(work.turns) / 2
+    batch = max(1, min(len(work.turns) // replicas or 1, int(model.capacity / mean_context)))
+    per_token = model.step(batch) / batch
+    prefill = len(work.turns) * work.prompt_tokens * model.prefill_s_per_token / replicas
+    critical = max(sum(n for n, _ in r) * model.step(1) + sum(w for _, w in r) for r in work.turns)
+    return max(work.total_tokens * per_token / replicas + prefill, critical)
