@@ -12,6 +12,8 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
+# The CPU build first (pip finds it on this machine's disk), so nothing pulls a CUDA build later.
+.venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[dev]"
 echo "$want" > "$STAMP"
 echo "environment ready: .venv"
