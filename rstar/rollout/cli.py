@@ -55,3 +55,15 @@ def rollout_command(
     write_table(records, out, "trajectories")
     console.print(json.dumps(summarize(records, time.monotonic() - start), indent=2))
     console.print(f"wrote {len(records)} trajectories to {out}")
+
+
+def bench_scheduler_command(
+    model: str = typer.Option(..., help="Tiny model directory (HF format) to calibrate and run replicas."),
+    out: str = typer.Option("docs/benchmarks.md"),
+    rollouts_per_replica: int = typer.Option(64),
+    real_rollouts: int = typer.Option(24),
+) -> None:
+    """Static split vs KV-aware balanced scheduling: calibrated simulation and a real 2-replica run."""
+    from rstar.rollout.bench import run_scheduler_benchmark
+
+    run_scheduler_benchmark(model, out, rollouts_per_replica, real_rollouts)
