@@ -1,0 +1,223 @@
+"""GRPO-RoC on one machine: rollout (agent loop, local engine, sandbox) -> reward -> RoC ->
+advantage -> update. Constant learning rate after a linear warm-up, AdamW, no KL, no
+entropy bonus. Checkpoints in Hugging Face format plus optimizer and RNG state; a stage
+that is interrupted resumes from its last checkpoint. Anything past one process is verl's
+job (see `rstar.train.verl_launcher`)."""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from rstar.agent.loop import AgentLoop, LoopConfig
+from rstar.algo.loss import grpo_advantages, policy_loss
+from rstar.algo.roc import RoCConfig, Sample, p_err, p_format, select
+from rstar.reward.score import BatchScorer
+from rstar.rollout.hf_engine import HFEngine
+from rstar.rollout.runner import rollout
+
+
+@dataclass
+class StageConfig:
+    name: str = "rl1"
+    steps: int = 10
+    prompts_per_step: int = 8
+    roc: RoCConfig = field(default_factory=lambda: RoCConfig(group_size=4))
+    max_response_tokens: int = 256
+    max_turns: int = 4
+    temperature: float = 1.0
+    lr: float = 1e-5
+    warmup_steps: int = 2
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 8
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    init_from: str | None = None      # the previous stage's checkpoint directory, if any
+    reset_optimizer: bool = False     # start with fresh AdamW moments instead of init_from's (the paper resets before stage 3)
+    seed: int = 0
+
+
+STATE = "trainer_state.pt"
+
+
+def _log_probs(model, seqs: list[list[int]], starts: list[int], width: int) -> torch.Tensor:
+    """Per-token log-probs of each sequence's response part (positions >= start), left-aligned
+    to `width`, in one padded forward pass."""
+    longest = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), longest, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        attn[i, :len(s)] = 1
+    logits = model(input_ids=ids, attention_mask=attn).logits.float()
+    logp_all = torch.log_softmax(logits[:, :-1], -1)
+    token_lp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    out = torch.zeros(len(seqs), width)
+    for i, (s, start) in enumerate(zip(seqs, starts)):
+        n = len(s) - start
+        out[i, :n] = token_lp[i, start - 1:start - 1 + n]
+    return out
+
+
+class RLTrainer:
+    def __init__(self, model, tokenizer, problems: list[dict], sandbox, cfg: StageConfig, out_dir: str,
+                 on_step: Callable[[int, dict], None] | None = None) -> None:
+        self.model, self.tok, self.problems, self.sandbox = model, tokenizer, problems, sandbox
+        self.cfg, self.out_dir, self.on_step = cfg, out_dir, on_step
+        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+        self.step = 0
+        self.history: list[dict] = []
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def checkpoint_dir(self) -> str:
+        return os.path.join(self.out_dir, "checkpoint")
+
+    def save(self) -> None:
+        """Atomically replace the stage's checkpoint: HF model + tokenizer + trainer state."""
+        final, tmp = self.checkpoint_dir(), self.checkpoint_dir() + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(tmp)
+        self.tok.save_pretrained(tmp)
+        torch.save({"step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                    "torch_rng": torch.get_rng_state(), "history": self.history, "stage": self.cfg.name},
+                   os.path.join(tmp, STATE))
+        old = final + ".old"
+        if os.path.exists(final):
+            os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def try_resume(self) -> str:
+        """Continue this stage from its own checkpoint ("resumed"), or start it from the previous
+        stage's ("initialised": weights, and AdamW moments unless reset_optimizer), or fresh."""
+        from transformers import AutoModelForCausalLM
+
+        own = os.path.join(self.checkpoint_dir(), STATE)
+        source = self.checkpoint_dir() if os.path.exists(own) else self.cfg.init_from
+        if source is None:
+            return "fresh"
+        state = torch.load(os.path.join(source, STATE), weights_only=False)
+        self.model.load_state_dict(AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).state_dict())
+        if source == self.checkpoint_dir():
+            self.opt.load_state_dict(state["optimizer"])
+            self.sched.load_state_dict(state["scheduler"])
+            torch.set_rng_state(state["torch_rng"])
+            self.step, self.history = state["step"], state["history"]
+            return "resumed"
+        if not self.cfg.reset_optimizer:  # carry the moments over; the new stage's lr schedule starts afresh
+            moments = state["optimizer"]
+            for group in moments["param_groups"]:
+                group.update(lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+            self.opt.load_state_dict(moments)
+        return "initialised"
+
+    # -- the loop ----------------------------------------------------------------------------
+    def prompts_for(self, step: int) -> list[dict]:
+        rng = random.Random(f"{self.cfg.seed}/{self.cfg.name}/{step}")
+        return rng.sample(self.problems, min(self.cfg.prompts_per_step, len(self.problems)))
+
+    async def run(self) -> list[dict]:
+        """Train until `steps`, resuming from the stage's checkpoint when there is one."""
+        self.try_resume()
+        engine = HFEngine(self.model, seed=self.cfg.seed)
+        loop = AgentLoop(engine, self.tok, self.sandbox,
+                         LoopConfig(max_turns=self.cfg.max_turns, max_response_tokens=self.cfg.max_response_tokens,
+                                    temperature=self.cfg.temperature))
+        with BatchScorer(workers=1) as scorer:
+            while self.step < self.cfg.steps:
+                self.step += 1
+                metrics = await self.train_step(loop, scorer)
+                self.history.append(metrics)
+                self.save()
+                if self.on_step:
+                    self.on_step(self.step, metrics)
+        await engine.close()
+        return self.history
+
+    async def train_step(self, loop: AgentLoop, scorer: BatchScorer) -> dict:
+        cfg = self.cfg
+        t0 = time.monotonic()
+        k = cfg.roc.group_size * cfg.roc.oversample
+        self.model.eval()
+        records = await rollout(loop, self.prompts_for(self.step), k, stage=cfg.name, policy_step=self.step,
+                                scorer=scorer)
+        t_rollout = time.monotonic() - t0
+        groups: dict[str, list[dict]] = {}
+        for r in records:
+            groups.setdefault(r["group_id"], []).append(r)
+        rng = random.Random(f"{cfg.seed}/{cfg.name}/{self.step}/roc")
+        kept = []
+        for gid in sorted(groups):
+            g = groups[gid]
+            samples = [Sample(r["reward"], p_err(r["num_tool_calls"], r["num_tool_errors"]),
+                              p_format(r["num_answers"], r["turns"])) for r in g]
+            kept += [g[i] for i in select(samples, cfg.roc, rng)]
+        t1 = time.monotonic()
+        update = self.update(kept) if kept else {"clip_fraction": 0.0, "loss": 0.0, "grad_norm": 0.0}
+        t_update = time.monotonic() - t1
+        return {"step": self.step, **summarize_step(records, kept), **update,
+                "lr": self.sched.get_last_lr()[0], "time_rollout_s": t_rollout, "time_update_s": t_update,
+                "time_tool_s": sum(r["tool_s"] for r in records),
+                "tokens_per_s": sum(sum(r["response_mask"]) for r in records) / max(t_rollout, 1e-9)}
+
+    def update(self, kept: list[dict]) -> dict:
+        cfg = self.cfg
+        seqs = [r["prompt_ids"] + r["response_ids"] for r in kept]
+        starts = [len(r["prompt_ids"]) for r in kept]
+        width = max(len(r["response_ids"]) for r in kept)
+        mask = torch.zeros(len(kept), width)
+        for i, r in enumerate(kept):
+            mask[i, :len(r["response_mask"])] = torch.tensor(r["response_mask"], dtype=torch.float32)
+        adv = grpo_advantages(torch.tensor([r["reward"] for r in kept]), mask, [r["group_id"] for r in kept])
+        with torch.no_grad():
+            old = torch.cat([_log_probs(self.model, seqs[i:i + cfg.micro_batch_size],
+                                        starts[i:i + cfg.micro_batch_size], width)
+                             for i in range(0, len(kept), cfg.micro_batch_size)])
+        self.model.train()
+        n_tokens = int(mask.sum().item())
+        total, clip = 0.0, 0.0
+        for i in range(0, len(kept), cfg.micro_batch_size):
+            sl = slice(i, i + cfg.micro_batch_size)
+            new = _log_probs(self.model, seqs[sl], starts[sl], width)
+            loss, m = policy_loss(old[sl], new, adv[sl], mask[sl], clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                  batch_num_tokens=n_tokens)
+            loss.backward()
+            total += loss.item()
+            clip += m["clip_fraction"] * mask[sl].sum().item() / max(n_tokens, 1)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.model.eval()
+        return {"loss": total, "clip_fraction": clip, "grad_norm": float(grad_norm)}
+
+
+def summarize_step(records: list[dict], kept: list[dict]) -> dict:
+    n = len(records) or 1
+    calls = sum(r["num_tool_calls"] for r in records)
+    pos_kept = [r for r in kept if r["reward"] > 0]
+    pos_calls = sum(r["num_tool_calls"] for r in pos_kept)
+    lengths = sorted(r["response_len"] for r in records) or [0]
+    ent = [e for r in records for e, m in zip(r["entropies"], r["response_mask"]) if m]
+    return {
+        "reward_mean": sum(r["reward"] for r in records) / n,
+        "accuracy": sum(r["reward"] > 0 for r in records) / n,
+        "tool_calls_per_rollout": calls / n,
+        "tool_error_ratio": sum(r["num_tool_errors"] for r in records) / calls if calls else 0.0,
+        "tool_error_ratio_positive_kept": (sum(r["num_tool_errors"] for r in pos_kept) / pos_calls
+                                           if pos_calls else 0.0),
+        "format_violation_rate": sum(r["num_answers"] != 1 for r in records) / n,
+        "response_len_mean": statistics.fmean(lengths),
+        "response_len_p95": lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))],
+        "truncation_rate": sum(r["finish_reason"] == "length_limit" for r in records) / n,
+        "entropy": statistics.fmean(ent) if ent else 0.0,
+        "kept": len(kept),
+    }
