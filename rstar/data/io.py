@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rstar.data.schema import VERSION, schema
-from rstar.storage import atomic_write, atomic_write_text
+from rstar.storage import atomic_write, atomic_write_text, filesystem
 
 
 class DataError(ValueError):
@@ -24,11 +23,13 @@ def write_table(rows: list[dict] | pa.Table, path: str, schema_name: str) -> str
 
 
 def read_parquet(path: str) -> pa.Table:
-    """Any Parquet file; a missing or non-Parquet one raises DataError naming it."""
-    if not os.path.exists(path):
+    """Any Parquet file, local or s3://; a missing or non-Parquet one raises DataError naming it."""
+    fs, inner = filesystem(path)
+    if not fs.exists(inner):
         raise DataError(f"{path}: no such file")
     try:
-        return pq.read_table(path)
+        with fs.open(inner, "rb") as f:
+            return pq.read_table(f)
     except (pa.ArrowInvalid, OSError) as e:
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
 

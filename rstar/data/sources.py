@@ -55,17 +55,13 @@ def get_field(row: dict, path: str):
 def read_rows(source: str, *, split: str = "train") -> Iterator[tuple[int, dict | BadRow]]:
     """Rows of a Parquet file, a JSONL file, or (any other string) a Hugging Face dataset name."""
     if source.endswith(".parquet"):
-        yield from _parquet_rows(source)
+        yield from enumerate(read_parquet(source).to_pylist())
     elif source.endswith((".jsonl", ".json")):
         yield from _jsonl_rows(source)
     elif os.path.exists(source):
         raise DataError(f"{source}: unknown file type (expected .parquet, .jsonl or .json)")
     else:
         yield from _hub_rows(source, split)
-
-
-def _parquet_rows(path: str):
-    yield from enumerate(read_parquet(path).to_pylist())
 
 
 def _jsonl_rows(path: str):
