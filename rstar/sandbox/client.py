@@ -63,9 +63,7 @@ class SandboxClient:
         async with self._inflight:
             fut = asyncio.get_running_loop().create_future()
             if self.batch_size == 1:  # nothing to batch: send now, skipping the batcher's task hops
-                task = asyncio.ensure_future(self._send([(req, fut)]))
-                self._sending.add(task)
-                task.add_done_callback(self._sending.discard)
+                self._spawn_send([(req, fut)])
             else:
                 self._queue.put_nowait((req, fut))
             if deadline_s is None:
@@ -96,9 +94,12 @@ class SandboxClient:
                 except (asyncio.QueueEmpty, asyncio.TimeoutError):
                     break
             self.batches_sent += 1
-            task = asyncio.create_task(self._send(batch))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._spawn_send(batch)
+
+    def _spawn_send(self, batch: list[tuple[ExecRequest, asyncio.Future]]) -> None:
+        task = asyncio.ensure_future(self._send(batch))
+        self._sending.add(task)  # keep a reference until done, and cancel it on close()
+        task.add_done_callback(self._sending.discard)
 
     async def _send(self, batch: list[tuple[ExecRequest, asyncio.Future]]) -> None:
         body = {"requests": [{"code": r.code, "stdin": r.stdin, "timeout_s": r.timeout_s, "notebook": r.notebook}
