@@ -39,21 +39,26 @@ async def rollout(loop: AgentLoop, problems: list[dict], k: int, *, stage: str =
 
 
 def summarize(records: list[dict], wall_s: float | None = None) -> dict:
+    """The headline numbers of a set of rollouts (trajectories-schema rows)."""
     n = len(records) or 1
     calls = sum(r["num_tool_calls"] for r in records)
     lengths = sorted(r["response_len"] for r in records) or [0]
-    model_tokens = sum(sum(r["response_mask"]) for r in records)
+    entropies = [e for r in records for e, m in zip(r["entropies"], r["response_mask"]) if m]
     out = {
         "rollouts": len(records),
+        "reward_mean": sum(r["reward"] for r in records) / n,
         "accuracy": sum(r["reward"] > 0 for r in records) / n,
         "tool_calls_per_rollout": calls / n,
         "tool_error_rate": sum(r["num_tool_errors"] for r in records) / calls if calls else 0.0,
-        "mean_response_len": statistics.fmean(lengths),
-        "p95_response_len": lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))],
+        "format_violation_rate": sum(r["num_answers"] != 1 for r in records) / n,
+        "truncation_rate": sum(r["finish_reason"] == "length_limit" for r in records) / n,
+        "response_len_mean": statistics.fmean(lengths),
+        "response_len_p95": lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))],
+        "entropy": statistics.fmean(entropies) if entropies else 0.0,
         "finish_reasons": {f: sum(r["finish_reason"] == f for r in records)
                            for f in sorted({r["finish_reason"] for r in records})},
     }
     if wall_s:
-        out["model_tokens_per_s"] = model_tokens / wall_s
+        out["model_tokens_per_s"] = sum(sum(r["response_mask"]) for r in records) / wall_s
         out["wall_s"] = wall_s
     return out

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from rstar.algo.loss import grpo_advantages, policy_loss
 from rstar.algo.roc import RoCConfig, Sample, p_err, p_format, select
 from rstar.reward.score import BatchScorer
 from rstar.rollout.hf_engine import HFEngine
-from rstar.rollout.runner import rollout
+from rstar.rollout.runner import rollout, summarize
 
 
 @dataclass
@@ -201,23 +200,12 @@ class RLTrainer:
 
 
 def summarize_step(records: list[dict], kept: list[dict]) -> dict:
-    n = len(records) or 1
-    calls = sum(r["num_tool_calls"] for r in records)
+    """Rollout metrics plus what RoC kept: the tool-error rate inside kept correct trajectories
+    is the number RoC is meant to drive down."""
+    metrics = {k: v for k, v in summarize(records).items() if k != "finish_reasons"}
     pos_kept = [r for r in kept if r["reward"] > 0]
     pos_calls = sum(r["num_tool_calls"] for r in pos_kept)
-    lengths = sorted(r["response_len"] for r in records) or [0]
-    ent = [e for r in records for e, m in zip(r["entropies"], r["response_mask"]) if m]
-    return {
-        "reward_mean": sum(r["reward"] for r in records) / n,
-        "accuracy": sum(r["reward"] > 0 for r in records) / n,
-        "tool_calls_per_rollout": calls / n,
-        "tool_error_ratio": sum(r["num_tool_errors"] for r in records) / calls if calls else 0.0,
-        "tool_error_ratio_positive_kept": (sum(r["num_tool_errors"] for r in pos_kept) / pos_calls
-                                           if pos_calls else 0.0),
-        "format_violation_rate": sum(r["num_answers"] != 1 for r in records) / n,
-        "response_len_mean": statistics.fmean(lengths),
-        "response_len_p95": lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))],
-        "truncation_rate": sum(r["finish_reason"] == "length_limit" for r in records) / n,
-        "entropy": statistics.fmean(ent) if ent else 0.0,
-        "kept": len(kept),
-    }
+    metrics["tool_error_rate_positive_kept"] = (sum(r["num_tool_errors"] for r in pos_kept) / pos_calls
+                                                if pos_calls else 0.0)
+    metrics["kept"] = len(kept)
+    return metrics

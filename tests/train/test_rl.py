@@ -26,8 +26,8 @@ async def run_trainer(tiny_dir, tokenizer, sandbox, out, steps):
 async def test_rl_steps_checkpoint_and_resume(tiny_dir, tokenizer, agent_sandbox, tmp_path):
     straight, hist = await run_trainer(tiny_dir, tokenizer, agent_sandbox, str(tmp_path / "a"), 3)
     assert [h["step"] for h in hist] == [1, 2, 3]
-    for key in ("reward_mean", "accuracy", "tool_calls_per_rollout", "tool_error_ratio",
-                "tool_error_ratio_positive_kept", "format_violation_rate", "response_len_mean", "response_len_p95",
+    for key in ("reward_mean", "accuracy", "tool_calls_per_rollout", "tool_error_rate",
+                "tool_error_rate_positive_kept", "format_violation_rate", "response_len_mean", "response_len_p95",
                 "truncation_rate", "clip_fraction", "entropy", "tokens_per_s", "time_rollout_s", "time_tool_s",
                 "time_update_s", "lr", "grad_norm"):
         assert key in hist[-1]
