@@ -33,6 +33,7 @@ class _Seq:
     entropies: list[float] = field(default_factory=list)
     length: int = 0          # real tokens in the cache (prompt + generated so far, minus the pending one)
     next_token: int = -1     # sampled, not yet fed to the model
+    stop_reason: str = "stop"
 
 
 def _pad_left(t: torch.Tensor, to: int) -> torch.Tensor:
@@ -94,8 +95,7 @@ class HFEngine:
             finished = await asyncio.to_thread(self._step, joining)
             for seq in finished:
                 if not seq.future.done():
-                    seq.future.set_result(Generation(seq.out, seq.log_probs, seq.entropies,
-                                                     seq.params.get("_stop_reason", "stop")))
+                    seq.future.set_result(Generation(seq.out, seq.log_probs, seq.entropies, seq.stop_reason))
 
     @torch.no_grad()
     def _step(self, joining: list[_Seq]) -> list[_Seq]:
@@ -186,10 +186,9 @@ class HFEngine:
             stop_ids = s.params.get("stop_token_ids") or []
             max_tokens = int(s.params.get("max_tokens", 256))
             if s.out[-1] in stop_ids:
-                s.params["_stop_reason"] = "stop"
                 done.append(s)
             elif len(s.out) >= max_tokens or s.length + 1 >= self.max_model_len:
-                s.params["_stop_reason"] = "length"
+                s.stop_reason = "length"
                 done.append(s)
             else:
                 keep.append(i)
