@@ -60,10 +60,16 @@ def curate(source: list[str] = typer.Option(..., help="PATH[:preset] of a .parqu
            out: str = typer.Option(..., help="Parquet file of kept problems."),
            eval_set: list[str] = typer.Option([], help="Problems to decontaminate against (repeatable)."),
            max_answer_digits: int = typer.Option(30),
-           ngram: int = typer.Option(8)) -> None:
+           ngram: int = typer.Option(8),
+           consistency_model: str = typer.Option("", help="Checkpoint whose sampled answers must agree with the "
+                                                          "label (the consistency filter; off when empty)."),
+           consistency_k: int = typer.Option(16, help="Answers sampled per problem."),
+           consistency_min: int = typer.Option(2, help="Matching answers needed to keep a problem."),
+           consistency_max_tokens: int = typer.Option(1024, help="Response budget of each sampled rollout.")) -> None:
     """Filter sources into one problem set; rejects and a report are written beside it."""
     from rstar.data.curate import CurationConfig, SourceSpec, curate as run, write_report
     from rstar.data.sources import read_rows
+    from rstar.rollout.runner import consistency_sampler
 
     eval_problems = []
     for path in eval_set:
@@ -72,7 +78,12 @@ def curate(source: list[str] = typer.Option(..., help="PATH[:preset] of a .parqu
     with _progress() as bar:
         task = bar.add_task("curating", total=None)
         report = run([SourceSpec.parse(s) for s in source], out, f"{stem}.rejects.parquet",
-                     eval_problems=eval_problems, cfg=CurationConfig(max_answer_digits=max_answer_digits, ngram=ngram),
+                     eval_problems=eval_problems,
+                     cfg=CurationConfig(max_answer_digits=max_answer_digits, ngram=ngram,
+                                        consistency_min=consistency_min),
+                     sampler=consistency_sampler(consistency_model, consistency_k,
+                                                 max_response_tokens=consistency_max_tokens)
+                     if consistency_model else None,
                      progress=lambda k: bar.advance(task, k))
     write_report(report, f"{stem}.report.json")
     console.print(report.format())

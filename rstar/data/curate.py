@@ -51,8 +51,7 @@ class CurationConfig:
     max_answer_digits: int = 30      # longer answers are "too large to verify" (Project Euler's giants)
     dedup: bool = True
     ngram: int = 8                   # decontamination n-gram size, in words
-    consistency_k: int = 16
-    consistency_min: int = 2
+    consistency_min: int = 2         # sampled answers that must match the label (k is the sampler's)
 
 
 @dataclass

@@ -62,3 +62,32 @@ def summarize(records: list[dict], wall_s: float | None = None) -> dict:
         out["model_tokens_per_s"] = sum(sum(r["response_mask"]) for r in records) / wall_s
         out["wall_s"] = wall_s
     return out
+
+
+def consistency_sampler(model_dir: str, k: int, *, max_response_tokens: int = 1024, max_turns: int = 10,
+                        temperature: float = 1.0, seed: int = 0):
+    """An `AnswerSampler` for curation's consistency filter: k rollouts of each problem by the
+    model in `model_dir` (local engine, in-process sandbox), returning their final answers."""
+    from transformers import AutoTokenizer
+
+    from rstar.agent.loop import LoopConfig
+    from rstar.rollout.hf_engine import HFEngine
+    from rstar.sandbox.config import SandboxConfig
+    from rstar.sandbox.service import SandboxService
+
+    def sample(problems: list[dict]) -> list[list[str | None]]:
+        async def main() -> list[dict]:
+            engine = HFEngine.from_pretrained(model_dir, seed=seed)
+            loop_cfg = LoopConfig(max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature)
+            async with SandboxService(SandboxConfig(lean_executors=1, warm_executors=1)) as sb:
+                loop = AgentLoop(engine, AutoTokenizer.from_pretrained(model_dir), sb, loop_cfg)
+                records = await rollout(loop, problems, k, stage="consistency")
+            await engine.close()
+            return records
+
+        answers: dict[str, list[str | None]] = {}
+        for r in asyncio.run(main()):
+            answers.setdefault(r["problem_id"], []).append(r["answer"])
+        return [answers[p["id"]] for p in problems]
+
+    return sample

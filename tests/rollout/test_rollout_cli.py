@@ -30,3 +30,18 @@ def test_rollout_command_writes_readable_trajectories(tiny_dir, tmp_path):
         assert x["reward"] in (0.0, 1.0) and isinstance(json.loads(x["tool_calls"]), list)
     summary = json.loads(r.output[r.output.index("{"):r.output.rindex("}") + 1])
     assert summary["rollouts"] == 6 and 0 <= summary["accuracy"] <= 1 and summary["model_tokens_per_s"] > 0
+
+
+def test_consistency_filter_through_the_rollout_engine(tiny_dir, tmp_path):
+    """`rstar data curate --consistency-model`: k rollouts per problem by a real model; an
+    untrained model agrees with no label, so every problem is rejected as inconsistent."""
+    problems = str(tmp_path / "p.parquet")
+    write_table(synth.generate(3, seed=6, levels=(1,)), problems, "problems")
+    r = CliRunner().invoke(app, ["data", "curate", "--source", problems, "--out", str(tmp_path / "c.parquet"),
+                                 "--consistency-model", tiny_dir, "--consistency-k", "2",
+                                 "--consistency-max-tokens", "24"])
+    assert r.exit_code == 0, r.output
+    rejects = read_table(str(tmp_path / "c.rejects.parquet"), "rejects").to_pylist()
+    assert [x["reason"] for x in rejects] == ["inconsistent"] * 3
+    assert all(x["detail"].endswith("of 2 sampled answers match the label (need 2)") for x in rejects)
+    assert len(read_table(str(tmp_path / "c.parquet"), "problems")) == 0
