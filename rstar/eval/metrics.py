@@ -1,0 +1,38 @@
+"""Metrics of the evaluation protocol over k samples per question."""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from rstar.reward.verify import normalize_integer
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n (n={n}, c={c}, k={k})")
+    if n - c < k:
+        return 1.0
+    miss = 1.0
+    for i in range(n - c + 1, n + 1):  # C(n-c, k) / C(n, k) as a stable product
+        miss *= 1.0 - k / i
+    return 1.0 - miss
+
+
+def avg_pass_at_1(correct: list[bool]) -> float:
+    """The paper's headline number: the mean correctness over all samples of a question."""
+    return sum(correct) / len(correct) if correct else 0.0
+
+
+def _key(answer: str) -> str:
+    return normalize_integer(answer) or " ".join(answer.split())
+
+
+def majority_vote(answers: list[str | None], label: str, verify: Callable[[str, str], bool]) -> bool:
+    """Whether the most frequent answer (integers normalised, ties to the earliest seen) is right."""
+    counted = Counter(_key(a) for a in answers if a is not None and a.strip())
+    if not counted:
+        return False
+    best = max(counted.values())
+    first = next(a for a in answers if a is not None and a.strip() and counted[_key(a)] == best)
+    return verify(first, label)
