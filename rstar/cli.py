@@ -8,6 +8,7 @@ import typer
 
 from rstar.data.cli import app as data_app
 from rstar.reward.cli import app as reward_app
+from rstar.eval.cli import eval_command
 from rstar.rollout.cli import bench_scheduler_command, rollout_command
 
 app = typer.Typer(help="rstar: agentic RL for math reasoning, as a pipeline people can run.",
@@ -19,6 +20,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(reward_app, name="reward")
 app.command("rollout")(rollout_command)
 app.command("bench-scheduler")(bench_scheduler_command)
+app.command("eval")(eval_command)
 
 
 def _sandbox_config(executors: int | None, slots: int | None, uid_base: int | None, timeout_s: float | None,

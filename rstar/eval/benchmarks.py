@@ -65,12 +65,26 @@ def load_benchmark(name: str, source: str | None = None) -> list[dict]:
     return rows
 
 
+def choice_order(problem: dict, sample_index: int, seed: int = 0) -> list[int]:
+    """Which choice each letter shows for one sample; depends only on (seed, id, sample)."""
+    order = list(range(len(json.loads(problem["metadata"])["choices"])))
+    random.Random(f"{seed}/{problem['id']}/{sample_index}").shuffle(order)
+    return order
+
+
+def chosen_option(problem: dict, sample_index: int, letter: str | None, seed: int = 0) -> str | None:
+    """The option text a sample's letter points at (so votes can be counted across samples)."""
+    if letter is None:
+        return None
+    choices = json.loads(problem["metadata"])["choices"]
+    return choices[choice_order(problem, sample_index, seed)[LETTERS.index(letter)]]
+
+
 def shuffled_choice_prompt(problem: dict, sample_index: int, seed: int = 0) -> tuple[str, str]:
     """(question with lettered options, correct letter) for one sample of a multiple-choice
-    problem; the order depends only on (seed, problem id, sample index)."""
+    problem (the correct choice is stored first)."""
     choices = json.loads(problem["metadata"])["choices"]
-    order = list(range(len(choices)))
-    random.Random(f"{seed}/{problem['id']}/{sample_index}").shuffle(order)
+    order = choice_order(problem, sample_index, seed)
     lines = [f"({LETTERS[i]}) {choices[j]}" for i, j in enumerate(order)]
     text = (f"{problem['problem']}\n\n" + "\n".join(lines)
             + "\n\nAnswer with the letter of the correct option in \\boxed{}.")

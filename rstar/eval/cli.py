@@ -1,0 +1,64 @@
+"""`rstar eval`: evaluate checkpoints on benchmarks with the paper's protocol."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+def eval_command(
+    model: list[str] = typer.Option(..., help="NAME=DIR of a checkpoint to evaluate (repeatable)."),
+    bench: list[str] = typer.Option(..., help="NAME[=FILE]: a benchmark (aime24, aime25, hmmt25, math500, "
+                                              "gpqa_diamond) from its hub name or a local file, or "
+                                              "problems=FILE for a problems-schema Parquet (repeatable)."),
+    out: str = typer.Option(..., help="Directory for per-sample Parquet, summary JSON and the markdown table."),
+    k: int = typer.Option(16), temperature: float = typer.Option(0.6),
+    max_response_tokens: int = typer.Option(30_000), max_turns: int = typer.Option(30),
+    limit: int = typer.Option(0, help="Only the first N questions of each benchmark (0: all)."),
+) -> None:
+    """k samples per question; avg pass@1, pass@k, majority vote, lengths, tool use per benchmark."""
+    from transformers import AutoTokenizer
+
+    from rstar.agent.loop import AgentLoop
+    from rstar.data.io import read_table, write_json, write_table
+    from rstar.eval.benchmarks import load_benchmark
+    from rstar.eval.run import EvalConfig, evaluate, markdown_table
+    from rstar.rollout.hf_engine import HFEngine
+    from rstar.sandbox.config import SandboxConfig
+    from rstar.sandbox.service import SandboxService
+    from rstar.storage import atomic_write_text
+
+    console = Console()
+    problems = []
+    for spec in bench:
+        name, _, source = spec.partition("=")
+        rows = read_table(source, "problems").to_pylist() if name == "problems" else load_benchmark(name, source or None)
+        problems += rows[:limit] if limit else rows
+    cfg = EvalConfig(k=k, temperature=temperature, max_response_tokens=max_response_tokens, max_turns=max_turns)
+    summaries = {}
+    for spec in model:
+        name, _, path = spec.partition("=")
+
+        async def run_one():
+            engine = HFEngine.from_pretrained(path)
+            async with SandboxService(SandboxConfig(lean_executors=1, warm_executors=1)) as sb:
+                with Progress(TextColumn(f"eval {name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                              console=console) as bar:
+                    task = bar.add_task("", total=len(problems) * k)
+                    result = await evaluate(AgentLoop(engine, AutoTokenizer.from_pretrained(path), sb), problems, cfg,
+                                            stage=f"eval/{name}", progress=lambda n: bar.advance(task, n))
+            await engine.close()
+            return result
+
+        records, summaries[name] = asyncio.run(run_one())
+        write_table([{k2: v for k2, v in r.items() if k2 != "correct"} for r in records],
+                    os.path.join(out, f"{name}.samples.parquet"), "trajectories")
+    write_json(summaries, os.path.join(out, "summary.json"))
+    table = markdown_table(summaries, k)
+    atomic_write_text(os.path.join(out, "report.md"), f"# Evaluation\n\n{table}\n")
+    console.print(table)
+    console.print(json.dumps(summaries, indent=2))

@@ -1,0 +1,112 @@
+"""The evaluation protocol: k samples per question (16), temperature 0.6, a response budget and
+turn limit per benchmark; avg pass@1, pass@k, majority vote, lengths, tool use and finish
+reasons per benchmark; every sample kept as a trajectories-schema row."""
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from rstar.agent.loop import AgentLoop
+from rstar.eval.benchmarks import chosen_option, extract_letter, shuffled_choice_prompt
+from rstar.eval.metrics import avg_pass_at_1, majority_vote, pass_at_k
+from rstar.reward import verify
+from rstar.rollout.runner import rollout
+
+
+@dataclass
+class EvalConfig:
+    k: int = 16
+    temperature: float = 0.6
+    max_response_tokens: int = 30_000
+    max_turns: int = 30
+    seed: int = 0
+
+
+def _benchmark(problem: dict) -> str:
+    return json.loads(problem["metadata"]).get("benchmark", problem["source"])
+
+
+async def evaluate(loop: AgentLoop, problems: list[dict], cfg: EvalConfig, *, stage: str = "eval",
+                   policy_step: int = 0, progress: Callable[[int], None] | None = None) -> tuple[list[dict], dict]:
+    """Rollouts and per-benchmark metrics. Multiple-choice problems get a freshly shuffled
+    prompt per sample and are scored by the letter in the boxed answer; their records' `answer`
+    is the text of the chosen option, so majority votes count the same option across samples."""
+    loop.cfg = replace(loop.cfg, temperature=cfg.temperature, max_response_tokens=cfg.max_response_tokens,
+                       max_turns=cfg.max_turns)
+    plain = [p for p in problems if "choices" not in json.loads(p["metadata"])]
+    records = await rollout(loop, plain, cfg.k, stage=stage, policy_step=policy_step, progress=progress)
+    for r in records:
+        r["correct"] = r["reward"] > 0
+    choice_problems = []
+    letters = {}
+    by_id = {p["id"]: p for p in problems}
+    for p in problems:
+        if "choices" in json.loads(p["metadata"]):
+            for i in range(cfg.k):
+                text, letter = shuffled_choice_prompt(p, i, cfg.seed)
+                sample_id = f"{p['id']}#{i}"
+                letters[sample_id] = letter
+                choice_problems.append({**p, "id": sample_id, "problem": text, "answer": letter})
+    for r in await rollout(loop, choice_problems, 1, stage=stage, policy_step=policy_step, progress=progress):
+        sample_id = r["problem_id"]
+        r["problem_id"], r["sample_index"] = sample_id.rsplit("#", 1)[0], int(sample_id.rsplit("#", 1)[1])
+        letter = extract_letter(r["answer"])
+        r["correct"] = letter == letters[sample_id]
+        r["reward"] = float(r["correct"])
+        r["answer"] = chosen_option(by_id[r["problem_id"]], r["sample_index"], letter, cfg.seed)
+        records.append(r)
+    return records, summarize_eval(records, by_id, cfg.k)
+
+
+def summarize_eval(records: list[dict], problems: dict[str, dict], k: int) -> dict:
+    by_problem: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_problem[r["problem_id"]].append(r)
+    by_bench: dict[str, list[str]] = defaultdict(list)
+    for pid in by_problem:
+        by_bench[_benchmark(problems[pid])].append(pid)
+    out = {}
+    for bench, pids in sorted(by_bench.items()):
+        rows = [r for pid in pids for r in by_problem[pid]]
+        lengths = sorted(r["response_len"] for r in rows)
+        calls = sum(r["num_tool_calls"] for r in rows)
+
+        def maj(pid: str) -> bool:
+            p, answers = problems[pid], [r["answer"] for r in by_problem[pid]]
+            if "choices" in json.loads(p["metadata"]):  # votes on the chosen option's text
+                return majority_vote(answers, p["answer"], lambda a, b: a == b)
+            return majority_vote(answers, p["answer"], verify)
+
+        out[bench] = {
+            "questions": len(pids), "samples": len(rows),
+            "avg_pass@1": statistics.fmean(avg_pass_at_1([r["correct"] for r in by_problem[p]]) for p in pids),
+            f"pass@{k}": statistics.fmean(pass_at_k(len(by_problem[p]), sum(r["correct"] for r in by_problem[p]),
+                                                    min(k, len(by_problem[p]))) for p in pids),
+            f"maj@{k}": statistics.fmean(maj(p) for p in pids),
+            "response_len_mean": statistics.fmean(lengths),
+            "response_len_p95": lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))],
+            "tool_calls_per_answer": calls / len(rows),
+            "tool_error_rate": sum(r["num_tool_errors"] for r in rows) / calls if calls else 0.0,
+            "finish_reasons": {f: sum(r["finish_reason"] == f for r in rows)
+                               for f in sorted({r["finish_reason"] for r in rows})},
+        }
+    return out
+
+
+def markdown_table(summaries: dict[str, dict], k: int) -> str:
+    """Models (or stages) side by side: rows are benchmarks, a column pair per model."""
+    names = list(summaries)
+    benches = sorted({b for s in summaries.values() for b in s})
+    head = "| benchmark | " + " | ".join(f"{n} avg@1 | {n} pass@{k} | {n} len" for n in names) + " |"
+    lines = [head, "|---|" + "---|---|---|" * len(names)]
+    for b in benches:
+        cells = []
+        for n in names:
+            s = summaries[n].get(b)
+            cells += [f"{s['avg_pass@1']:.3f}", f"{s[f'pass@{k}']:.3f}", f"{s['response_len_mean']:.0f}"] if s \
+                else ["", "", ""]
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,73 @@
+"""An evaluation of the tiny model end to end (small k, short budget), and the protocol's
+summary on crafted records."""
+import json
+
+import pytest
+
+from rstar.data import synth
+from rstar.eval.benchmarks import load_benchmark
+from rstar.eval.run import EvalConfig, evaluate, summarize_eval
+
+
+def test_summary_on_crafted_records():
+    problems = {"m1": {"id": "m1", "answer": "12", "source": "s", "metadata": json.dumps({"benchmark": "toy"})},
+                "m2": {"id": "m2", "answer": "5", "source": "s", "metadata": json.dumps({"benchmark": "toy"})}}
+
+    def rec(pid, answer, correct, n_calls=1, n_err=0, length=10):
+        return {"problem_id": pid, "answer": answer, "correct": correct, "num_tool_calls": n_calls,
+                "num_tool_errors": n_err, "response_len": length, "finish_reason": "answered"}
+
+    records = [rec("m1", "12", True), rec("m1", "12", True), rec("m1", "7", False, n_err=1), rec("m1", "12.0", True),
+               rec("m2", "4", False), rec("m2", "4", False), rec("m2", "5", True, length=30), rec("m2", None, False)]
+    s = summarize_eval(records, problems, 4)["toy"]
+    assert s["avg_pass@1"] == pytest.approx((3 / 4 + 1 / 4) / 2)
+    assert s["pass@4"] == pytest.approx(1.0)  # every question solved at least once in 4
+    assert s["maj@4"] == pytest.approx(0.5)   # m1's majority is right, m2's ("4") is not
+    assert s["tool_error_rate"] == pytest.approx(1 / 8) and s["tool_calls_per_answer"] == 1.0
+    assert s["response_len_p95"] == 30
+
+
+async def test_evaluate_the_tiny_model(tiny_dir, tokenizer, agent_sandbox, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rstar.agent.loop import AgentLoop, LoopConfig
+    from rstar.rollout.hf_engine import HFEngine
+
+    gpqa = tmp_path / "gpqa.jsonl"
+    gpqa.write_text(json.dumps({"Record ID": "r1", "Question": "Pick one.", "Correct Answer": "yes",
+                                "Incorrect Answer 1": "no", "Incorrect Answer 2": "maybe",
+                                "Incorrect Answer 3": "never"}) + "\n")
+    problems = synth.generate(2, seed=3, levels=(1,)) + load_benchmark("gpqa_diamond", str(gpqa))
+    engine = HFEngine(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32))
+    loop = AgentLoop(engine, tokenizer, agent_sandbox, LoopConfig(max_response_tokens=24, max_turns=2,
+                                                                  temperature=0.6))
+    records, summary = await evaluate(loop, problems, EvalConfig(k=3, max_response_tokens=24, max_turns=2))
+    await engine.close()
+    assert len(records) == 3 * 3
+    assert set(summary) == {"synthetic/" + json.loads(p["metadata"])["family"] for p in problems[:2]} | {"gpqa_diamond"}
+    for s in summary.values():
+        assert 0 <= s["avg_pass@1"] <= s["pass@3"] <= 1 and s["samples"] == 3 * s["questions"]
+    gpqa_rows = [r for r in records if r["problem_id"] == "gpqa_diamond-r1"]
+    assert sorted(r["sample_index"] for r in gpqa_rows) == [0, 1, 2]
+    assert all(r["answer"] in (None, "yes", "no", "maybe", "never") for r in gpqa_rows)
+
+
+def test_eval_command_compares_checkpoints(tiny_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from rstar.cli import app
+    from rstar.data.io import read_table, write_table
+
+    held_out = str(tmp_path / "held.parquet")
+    write_table(synth.generate(2, seed=8, levels=(1,)), held_out, "problems")
+    out = tmp_path / "eval"
+    r = CliRunner().invoke(app, ["eval", "--model", f"sft={tiny_dir}", "--model", f"rl1={tiny_dir}",
+                                 "--bench", f"problems={held_out}", "--out", str(out), "--k", "2",
+                                 "--max-response-tokens", "16", "--max-turns", "1"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"sft", "rl1"}
+    report = (out / "report.md").read_text()
+    assert "sft avg@1" in report and "rl1 avg@1" in report  # side by side
+    assert len(read_table(str(out / "sft.samples.parquet"), "trajectories")) == 4
