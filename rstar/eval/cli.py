@@ -26,11 +26,11 @@ def eval_command(
     from rstar.agent.loop import AgentLoop
     from rstar.data.io import read_table, write_json, write_table
     from rstar.eval.benchmarks import load_benchmark
+    from rstar.eval.report import write_report
     from rstar.eval.run import EvalConfig, evaluate, markdown_table
     from rstar.rollout.hf_engine import HFEngine
     from rstar.sandbox.config import SandboxConfig
     from rstar.sandbox.service import SandboxService
-    from rstar.storage import atomic_write_text
 
     console = Console()
     problems = []
@@ -58,7 +58,7 @@ def eval_command(
         write_table([{k2: v for k2, v in r.items() if k2 != "correct"} for r in records],
                     os.path.join(out, f"{name}.samples.parquet"), "trajectories")
     write_json(summaries, os.path.join(out, "summary.json"))
-    table = markdown_table(summaries, k)
-    atomic_write_text(os.path.join(out, "report.md"), f"# Evaluation\n\n{table}\n")
-    console.print(table)
+    paths = write_report(summaries, k, out)
+    console.print(markdown_table(summaries, k))
+    console.print("report: " + ", ".join(paths))
     console.print(json.dumps(summaries, indent=2))

@@ -71,3 +71,6 @@ def test_eval_command_compares_checkpoints(tiny_dir, tmp_path):
     report = (out / "report.md").read_text()
     assert "sft avg@1" in report and "rl1 avg@1" in report  # side by side
     assert len(read_table(str(out / "sft.samples.parquet"), "trajectories")) == 4
+    assert "<th>rl1 avg pass@1</th>" in (out / "report.html").read_text()
+    for png in ("accuracy.png", "length.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
