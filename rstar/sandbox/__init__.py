@@ -2,9 +2,9 @@
 
 Public API::
 
-    from rstar.sandbox import LocalSandbox, SandboxClient, ExecResult, Status, SandboxConfig
+    from rstar.sandbox import SandboxService, SandboxClient, ExecRequest, ExecResult, Status, SandboxConfig
 
-    async with LocalSandbox() as sb:                # executors in this machine, no HTTP
+    async with SandboxService() as sb:              # executors on this machine, no HTTP
         r = await sb.run("import sympy; sympy.factorint(2**64 - 1)")
         r.status, r.value                           # Status.OK, '{3: 1, 5: 1, ...}'
 
@@ -30,7 +30,7 @@ _EXPORTS = {
     "ExecRequest": "rstar.sandbox.result",
     "ExecResult": "rstar.sandbox.result",
     "Status": "rstar.sandbox.result",
-    "LocalSandbox": "rstar.sandbox.service",
+    "SandboxService": "rstar.sandbox.service",
     "SandboxClient": "rstar.sandbox.client",
 }
 __all__ = list(_EXPORTS)

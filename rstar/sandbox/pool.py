@@ -12,7 +12,6 @@ import os
 import re
 import socket
 import sys
-import time
 from dataclasses import dataclass, field
 
 from rstar.sandbox.config import SandboxConfig
@@ -111,8 +110,8 @@ class ExecutorHandle:
     @staticmethod
     async def _next_frame(reader: asyncio.StreamReader, frames: FrameReader):
         while True:
-            for frame in frames.feed(await reader.read(1 << 16) or _eof()):
-                return frame
+            for first in frames.feed(await reader.read(1 << 16) or _eof()):
+                return first
 
     async def _read_loop(self, reader, frames, on_lost) -> None:
         try:

@@ -23,3 +23,10 @@ def test_bad_yaml_names_the_file_and_the_key(tmp_path, text, message):
     with pytest.raises(ValueError) as err:
         SandboxConfig.from_yaml(str(path))
     assert str(path) in str(err.value) and message in str(err.value)
+
+
+def test_public_api_names_resolve():
+    import rstar.sandbox as sandbox
+
+    for name in sandbox.__all__:
+        assert getattr(sandbox, name).__name__ == name
