@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from omegaconf import OmegaConf
-from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage, compute_policy_loss_vanilla
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, compute_policy_loss_vanilla
 
 
 def grpo_advantages(rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: list[str]) -> torch.Tensor:
@@ -29,7 +29,3 @@ def policy_loss(old_log_probs: torch.Tensor, log_probs: torch.Tensor, advantages
     loss, metrics = compute_policy_loss_vanilla(old_log_probs, log_probs, advantages, response_mask.float(),
                                                 loss_agg_mode="token-mean", config=cfg)
     return loss, {"clip_fraction": metrics["actor/pg_clipfrac"], "approx_kl": metrics["actor/ppo_kl"]}
-
-
-def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return agg_loss(values, mask.float(), "token-mean")

@@ -29,8 +29,7 @@ def eval_command(
     from rstar.eval.report import write_report
     from rstar.eval.run import EvalConfig, evaluate, markdown_table
     from rstar.rollout.hf_engine import HFEngine
-    from rstar.sandbox.config import SandboxConfig
-    from rstar.sandbox.service import SandboxService
+    from rstar.sandbox.service import embedded_sandbox
 
     console = Console()
     problems = []
@@ -45,7 +44,7 @@ def eval_command(
 
         async def run_one():
             engine = HFEngine.from_pretrained(path)
-            async with SandboxService(SandboxConfig(lean_executors=1, warm_executors=1)) as sb:
+            async with embedded_sandbox() as sb:
                 with Progress(TextColumn(f"eval {name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                               console=console) as bar:
                     task = bar.add_task("", total=len(problems) * k)

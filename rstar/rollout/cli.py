@@ -29,8 +29,7 @@ def rollout_command(
     from rstar.rollout.hf_engine import HFEngine
     from rstar.rollout.runner import rollout, summarize
     from rstar.sandbox.client import SandboxClient
-    from rstar.sandbox.config import SandboxConfig
-    from rstar.sandbox.service import SandboxService
+    from rstar.sandbox.service import embedded_sandbox
 
     console = Console()
     rows = read_table(problems, "problems").to_pylist()
@@ -40,7 +39,7 @@ def rollout_command(
 
     async def main():
         engine = HFEngine.from_pretrained(model, max_batch=max_batch, seed=seed)
-        box = SandboxClient(sandbox) if sandbox else SandboxService(SandboxConfig(lean_executors=1, warm_executors=1))
+        box = SandboxClient(sandbox) if sandbox else embedded_sandbox()
         async with box as sb:
             with Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=console) as bar:

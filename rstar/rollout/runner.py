@@ -72,14 +72,13 @@ def consistency_sampler(model_dir: str, k: int, *, max_response_tokens: int = 10
 
     from rstar.agent.loop import LoopConfig
     from rstar.rollout.hf_engine import HFEngine
-    from rstar.sandbox.config import SandboxConfig
-    from rstar.sandbox.service import SandboxService
+    from rstar.sandbox.service import embedded_sandbox
 
     def sample(problems: list[dict]) -> list[list[str | None]]:
         async def main() -> list[dict]:
             engine = HFEngine.from_pretrained(model_dir, seed=seed)
             loop_cfg = LoopConfig(max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature)
-            async with SandboxService(SandboxConfig(lean_executors=1, warm_executors=1)) as sb:
+            async with embedded_sandbox() as sb:
                 loop = AgentLoop(engine, AutoTokenizer.from_pretrained(model_dir), sb, loop_cfg)
                 records = await rollout(loop, problems, k, stage="consistency")
             await engine.close()

@@ -73,7 +73,6 @@ class BalancedScheduler:
         self.home: dict[str, int] = {}
         self.max_attempts = max_attempts
         self.requeued = 0
-        self.peak_reserved = [0] * len(engines)
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation:
         need = len(prompt_ids) + int(sampling_params["max_tokens"])
@@ -85,9 +84,6 @@ class BalancedScheduler:
         self.queue.append(req)
         self._dispatch()
         return await req.future
-
-    def mark_dead(self, index: int) -> None:
-        self.replicas[index].alive = False
 
     def _dispatch(self) -> None:
         waiting = collections.deque()
@@ -108,7 +104,6 @@ class BalancedScheduler:
     def _start(self, i: int, req: _Request) -> None:
         rep = self.replicas[i]
         rep.reserved += req.need
-        self.peak_reserved[i] = max(self.peak_reserved[i], rep.reserved)
         rep.inflight.add(req.request_id)
         self.home[rollout_of(req.request_id)] = i
         asyncio.ensure_future(self._run(i, req))

@@ -44,8 +44,9 @@ def validate(req: ExecRequest, cfg: SandboxConfig) -> str | None:
         return f"code must be a string, not {type(req.code).__name__}"
     if not isinstance(req.stdin, str):
         return f"stdin must be a string, not {type(req.stdin).__name__}"
-    if len(req.code.encode("utf-8", "surrogatepass")) > cfg.max_code_bytes:
-        return f"code is {len(req.code.encode('utf-8', 'surrogatepass'))} bytes; the limit is {cfg.max_code_bytes}"
+    size = len(req.code.encode("utf-8", "surrogatepass"))
+    if size > cfg.max_code_bytes:
+        return f"code is {size} bytes; the limit is {cfg.max_code_bytes}"
     if len(req.stdin.encode("utf-8", "surrogatepass")) > cfg.max_stdin_bytes:
         return f"stdin is over the limit of {cfg.max_stdin_bytes} bytes"
     return None

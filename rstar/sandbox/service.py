@@ -143,6 +143,11 @@ class Stats:
                 "latency_ms": {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99)}}
 
 
+def embedded_sandbox() -> "SandboxService":
+    """The in-process sandbox of the embedded default: one lean and one warm executor."""
+    return SandboxService(SandboxConfig(lean_executors=1, warm_executors=1))
+
+
 class SandboxService:
     """Central queue + send workers + nodes. `local=False` makes a head that only dispatches."""
 

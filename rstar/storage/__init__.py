@@ -56,8 +56,3 @@ def atomic_write_text(path: str, text: str) -> str:
             f.write(text)
 
     return atomic_write(path, write)
-
-
-def exists(uri: str) -> bool:
-    fs, path = filesystem(uri)
-    return fs.exists(path)

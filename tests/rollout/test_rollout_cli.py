@@ -4,6 +4,7 @@ import json
 import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
+from rstar.agent.loop import FINISH_REASONS
 from rstar.cli import app
 from rstar.data import synth
 from rstar.data.io import read_table, write_table
@@ -26,7 +27,7 @@ def test_rollout_command_writes_readable_trajectories(tiny_dir, tmp_path):
     for x in rows:
         n = x["response_len"]
         assert len(x["response_ids"]) == len(x["response_mask"]) == len(x["log_probs"]) == n <= 40
-        assert x["finish_reason"] in ("answered", "no_tool_call", "turn_limit", "length_limit")
+        assert x["finish_reason"] in FINISH_REASONS
         assert x["reward"] in (0.0, 1.0) and isinstance(json.loads(x["tool_calls"]), list)
     summary = json.loads(r.output[r.output.index("{"):r.output.rindex("}") + 1])
     assert summary["rollouts"] == 6 and 0 <= summary["accuracy"] <= 1 and summary["model_tokens_per_s"] > 0
