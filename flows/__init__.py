@@ -1,1 +1,11 @@
-"""Prefect flows (the training pipeline, re-evaluation) and their deployments."""
+"""Prefect flows (the training pipeline, re-evaluation) and their deployments.
+
+Defaults that a fresh machine needs before Prefect or Ray start (any set value wins):
+Prefect's ephemeral API server can take over a minute to start on a new home directory,
+and a local Ray must bind to loopback.
+"""
+import os
+
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")

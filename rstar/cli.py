@@ -21,6 +21,60 @@ app.add_typer(reward_app, name="reward")
 app.command("rollout")(rollout_command)
 app.command("bench-scheduler")(bench_scheduler_command)
 app.command("eval")(eval_command)
+pipeline_app = typer.Typer(help="The training pipeline as Prefect flows (see flows/).", no_args_is_help=True)
+app.add_typer(pipeline_app, name="pipeline")
+
+
+def _overrides(values: list[str]) -> dict:
+    import yaml
+
+    bad = [v for v in values if "=" not in v]
+    if bad:
+        raise typer.BadParameter(f"expected KEY=VALUE, got {bad}")
+    return {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in values)}
+
+
+@pipeline_app.command("run")
+def pipeline_run(config: str = typer.Option("configs/tiny.yaml", help="The recipe (YAML)."),
+                 set_: list[str] = typer.Option([], "--set", help="Override a recipe value: KEY=VALUE, e.g. "
+                                                                   "rl.0.steps=2 (repeatable).")) -> None:
+    """Run the whole recipe: base, problems, SFT, RL stages, mining, evaluation."""
+    from flows.pipeline import pipeline
+
+    pipeline(config, _overrides(set_))
+
+
+@pipeline_app.command("reevaluate")
+def pipeline_reevaluate(config: str = typer.Option("configs/tiny.yaml"),
+                        version: list[str] = typer.Option([], help="NAME/VERSION or 'latest' (repeatable)."),
+                        problems: str = typer.Option(None, help="Problems-schema Parquet (default: held-out set).")
+                        ) -> None:
+    """Evaluate registered model versions and attach the results to their lineage."""
+    from flows.reevaluate import reevaluate
+
+    reevaluate(config, version or None, problems)
+
+
+@app.command("serve")
+def serve_command(config: str = typer.Option("configs/tiny.yaml"), name: str = typer.Option("tiny"),
+                  cron: str = typer.Option("0 3 * * *", help="Schedule of the nightly re-evaluation.")) -> None:
+    """Register the pipeline and nightly re-evaluation deployments and serve their runs."""
+    from flows.deploy import serve_all
+
+    serve_all(config, name, cron)
+
+
+@app.command("lineage")
+def lineage_command(version: str = typer.Argument(..., help="NAME/VERSION of a registered model, or VERSION."),
+                    config: str = typer.Option("configs/tiny.yaml", help="Recipe naming the MLflow store and model."),
+                    tracking_uri: str = typer.Option(None, help="MLflow tracking URI (default: the recipe's).")) -> None:
+    """Print data -> SFT -> RL stages -> evaluation for a model version, from MLflow alone."""
+    from rstar.pipeline.config import load_recipe
+    from rstar.tracking.lineage import format_lineage, lineage
+
+    recipe = load_recipe(config)
+    print(format_lineage(lineage(tracking_uri or recipe.tracking.tracking_uri, version,
+                                 recipe.tracking.registered_model)))
 
 
 def _sandbox_config(executors: int | None, slots: int | None, uid_base: int | None, timeout_s: float | None,

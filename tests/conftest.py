@@ -39,3 +39,28 @@ async def agent_sandbox():
     cfg = SandboxConfig(lean_executors=1, warm_executors=1, slots_per_executor=4, uid_base=410_000, timeout_s=5)
     async with SandboxService(cfg) as sb:
         yield sb
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3 API on loopback (moto's server) with one bucket; s3fs and boto3 find it
+    through RSTAR_S3_ENDPOINT_URL and the usual AWS variables."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "RSTAR_S3_ENDPOINT_URL": f"http://{host}:{port}"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    import boto3
+
+    boto3.client("s3", endpoint_url=env["RSTAR_S3_ENDPOINT_URL"]).create_bucket(Bucket="rstar-test")
+    yield "s3://rstar-test"
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -41,6 +41,31 @@ USER_PREFIX = ("Solve the following problem. Put your final answer within <answe
 
 IM_START, IM_END, EOS = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 
+
+@dataclass(frozen=True)
+class PromptStyle:
+    """What precedes the problem: the system prompt, whether it lists the tool schema (Hermes
+    tools block), and the user-turn prefix."""
+    system: str
+    user_prefix: str
+    list_tools: bool
+
+    def messages(self, problem: str) -> list[dict]:
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user_prefix + problem}]
+
+    @property
+    def tools(self) -> list[dict] | None:
+        return [TOOL_SCHEMA] if self.list_tools else None
+
+
+# "paper" is the rStar2-Agent prompt. "compact" keeps the same tags, tool-call JSON and tool
+# responses but drops the ~300-token preamble: a few-million-parameter model trained on CPU
+# pays for every prompt token in every rollout and update.
+STYLES = {
+    "paper": PromptStyle(SYSTEM_PROMPT, USER_PREFIX, True),
+    "compact": PromptStyle("Think in <reason>, run Python in <tool_call>, answer in <answer> with \\boxed{}.", "", False),
+}
+
 # The template: system (with the tools block), then turns. Assistant tool calls render as
 # <tool_call>{json}</tool_call>; consecutive tool messages share one user turn. All text is
 # emitted through expressions so whitespace control can never eat a newline.
@@ -94,8 +119,8 @@ def render(messages: list[dict], *, tools: list[dict] | None = None, add_generat
     return _compiled_template().render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
 
-def problem_messages(problem: str) -> list[dict]:
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": USER_PREFIX + problem}]
+def problem_messages(problem: str, style: str = "paper") -> list[dict]:
+    return STYLES[style].messages(problem)
 
 
 def tool_turn(responses: list[str]) -> str:

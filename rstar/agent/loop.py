@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from rstar.agent.format import IM_END, TOOL_SCHEMA, parse_tool_calls, problem_messages, tool_turn
+from rstar.agent.format import IM_END, STYLES, parse_tool_calls, tool_turn
 from rstar.sandbox.result import ExecRequest, ExecResult, Status
 
 FINISH_REASONS = ("answered", "no_tool_call", "turn_limit", "length_limit")
@@ -45,6 +45,7 @@ class LoopConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     tool_timeout_s: float = 10.0
+    prompt_style: str = "paper"           # a key of rstar.agent.format.STYLES
 
 
 @dataclass
@@ -118,7 +119,8 @@ class AgentLoop:
             self.stop_ids.append(tokenizer.eos_token_id)
 
     def prompt_ids(self, problem: str) -> list[int]:
-        text = self.tok.apply_chat_template(problem_messages(problem), tools=[TOOL_SCHEMA], tokenize=False,
+        style = STYLES[self.cfg.prompt_style]
+        text = self.tok.apply_chat_template(style.messages(problem), tools=style.tools, tokenize=False,
                                             add_generation_prompt=True)
         return self.tok.encode(text, add_special_tokens=False)
 

@@ -34,17 +34,20 @@ def read_parquet(path: str) -> pa.Table:
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
 
 
-def read_table(path: str, schema_name: str) -> pa.Table:
-    """Read a file written by `write_table`, refusing anything else with a clear error."""
+def read_table(path: str, schema_name: str | tuple[str, ...]) -> pa.Table:
+    """Read a file written by `write_table` with (one of) the named schema(s), refusing
+    anything else with a clear error."""
+    names = (schema_name,) if isinstance(schema_name, str) else schema_name
     table = read_parquet(path)
     meta = table.schema.metadata or {}
     found = meta.get(b"rstar.schema", b"").decode()
-    if found != schema_name:
-        raise DataError(f"{path}: expected a {schema_name!r} file, found {found or 'no rstar schema'!r}")
+    if found not in names:
+        raise DataError(f"{path}: expected a {' or '.join(map(repr, names))} file, found "
+                        f"{found or 'no rstar schema'!r}")
     version = meta.get(b"rstar.schema_version", b"").decode()
     if version != VERSION:
         raise DataError(f"{path}: schema version {version!r}, this code reads version {VERSION!r}")
-    missing = set(schema(schema_name).names) - set(table.schema.names)
+    missing = set(schema(found).names) - set(table.schema.names)
     if missing:
         raise DataError(f"{path}: missing columns {sorted(missing)}")
     return table

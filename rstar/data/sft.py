@@ -124,6 +124,13 @@ def _stdin_echo(rng):
         _answer("The tool printed the capitalised word.", w.upper())]
 
 
+def _calc(rng):
+    a, b, c, d = rng.randint(2, 999), rng.randint(2, 99), rng.randint(2, 19), rng.randint(2, 25)
+    expr = rng.choice([f"{a}+{b}", f"{a}-{b}", f"{a}*{b}", f"{a}//{b}", f"{a}%{b}", f"{c}**{d}", f"({a}+{b})*{c}"])
+    return "calc", _with_tool(f"Use Python to evaluate {expr}.", "I will print the value of the expression.",
+                              f"print({expr})", "The tool printed the value.", eval(expr))  # noqa: S307 - generated
+
+
 def _no_tool(rng):
     w = rng.choice(_WORDS)
     kind = rng.randrange(3)
@@ -137,15 +144,22 @@ def _no_tool(rng):
                     _answer("The first letter is the one at the start of the word.", w[0])]
 
 
-TASKS = (_reverse, _count_letter, _sort_words, _word_count, _longest_word, _error_recovery, _stdin_echo, _no_tool)
+TASKS = {"reverse": _reverse, "count_letter": _count_letter, "sort_words": _sort_words, "word_count": _word_count,
+         "longest_word": _longest_word, "error_recovery": _error_recovery, "stdin": _stdin_echo, "calc": _calc,
+         "instruction": _no_tool}
 
 
-def generate(n: int, *, seed: int = 0) -> list[dict]:
-    """`n` examples, rows of the sft schema, deterministic in `seed`."""
+def generate(n: int, *, seed: int = 0, tasks: list[str] | None = None) -> list[dict]:
+    """`n` examples, rows of the sft schema, deterministic in `seed`, cycling through `tasks`
+    (names of TASKS; all by default)."""
+    unknown = sorted(set(tasks or ()) - set(TASKS))
+    if unknown:
+        raise ValueError(f"unknown SFT task(s) {unknown}; known: {sorted(TASKS)}")
+    makers = [TASKS[t] for t in (tasks or TASKS)]
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        task, messages = TASKS[i % len(TASKS)](rng)
+        task, messages = makers[i % len(makers)](rng)
         rows.append({"id": f"sft-{seed}-{i:06d}", "task": task, "source": "synthetic",
                      "messages": json.dumps(messages)})
     return rows

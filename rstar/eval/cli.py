@@ -1,7 +1,6 @@
 """`rstar eval`: evaluate checkpoints on benchmarks with the paper's protocol."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 
@@ -19,17 +18,13 @@ def eval_command(
     k: int = typer.Option(16), temperature: float = typer.Option(0.6),
     max_response_tokens: int = typer.Option(30_000), max_turns: int = typer.Option(30),
     limit: int = typer.Option(0, help="Only the first N questions of each benchmark (0: all)."),
+    prompt_style: str = typer.Option("paper", help="paper | compact (the tiny recipe's)."),
 ) -> None:
     """k samples per question; avg pass@1, pass@k, majority vote, lengths, tool use per benchmark."""
-    from transformers import AutoTokenizer
-
-    from rstar.agent.loop import AgentLoop
     from rstar.data.io import read_table, write_json, write_table
     from rstar.eval.benchmarks import load_benchmark
     from rstar.eval.report import write_report
-    from rstar.eval.run import EvalConfig, evaluate, markdown_table
-    from rstar.rollout.hf_engine import HFEngine
-    from rstar.sandbox.service import embedded_sandbox
+    from rstar.eval.run import EvalConfig, evaluate_model, markdown_table
 
     console = Console()
     problems = []
@@ -41,21 +36,12 @@ def eval_command(
     summaries = {}
     for spec in model:
         name, _, path = spec.partition("=")
-
-        async def run_one():
-            engine = HFEngine.from_pretrained(path)
-            async with embedded_sandbox() as sb:
-                with Progress(TextColumn(f"eval {name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                              console=console) as bar:
-                    task = bar.add_task("", total=len(problems) * k)
-                    result = await evaluate(AgentLoop(engine, AutoTokenizer.from_pretrained(path), sb), problems, cfg,
-                                            stage=f"eval/{name}", progress=lambda n: bar.advance(task, n))
-            await engine.close()
-            return result
-
-        records, summaries[name] = asyncio.run(run_one())
-        write_table([{k2: v for k2, v in r.items() if k2 != "correct"} for r in records],
-                    os.path.join(out, f"{name}.samples.parquet"), "trajectories")
+        with Progress(TextColumn(f"eval {name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as bar:
+            task = bar.add_task("", total=len(problems) * k)
+            records, summaries[name] = evaluate_model(path, problems, cfg, prompt_style=prompt_style, name=name,
+                                                      progress=lambda n: bar.advance(task, n))
+        write_table(records, os.path.join(out, f"{name}.samples.parquet"), "trajectories")
     write_json(summaries, os.path.join(out, "summary.json"))
     paths = write_report(summaries, k, out)
     console.print(markdown_table(summaries, k))

@@ -18,6 +18,7 @@ from rstar.rollout.runner import rollout
 
 @dataclass
 class EvalConfig:
+    __pydantic_config__ = {"extra": "forbid"}  # a recipe (rstar.pipeline.config) may not add unknown keys
     k: int = 16
     temperature: float = 0.6
     max_response_tokens: int = 30_000
@@ -59,6 +60,31 @@ async def evaluate(loop: AgentLoop, problems: list[dict], cfg: EvalConfig, *, st
         r["answer"] = chosen_option(by_id[r["problem_id"]], r["sample_index"], letter, cfg.seed)
         records.append(r)
     return records, summarize_eval(records, by_id, cfg.k)
+
+
+def evaluate_model(model_dir: str, problems: list[dict], cfg: EvalConfig, *, prompt_style: str = "paper",
+                   name: str = "model", progress: Callable[[int], None] | None = None) -> tuple[list[dict], dict]:
+    """`evaluate` for a Hugging Face checkpoint directory: local engine, in-process sandbox."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from rstar.agent.loop import LoopConfig
+    from rstar.rollout.hf_engine import HFEngine
+    from rstar.sandbox.service import embedded_sandbox
+
+    async def run() -> tuple[list[dict], dict]:
+        engine = HFEngine.from_pretrained(model_dir, seed=cfg.seed, max_batch=64)
+        try:
+            async with embedded_sandbox() as sb:
+                loop = AgentLoop(engine, AutoTokenizer.from_pretrained(model_dir), sb,
+                                 LoopConfig(prompt_style=prompt_style))
+                return await evaluate(loop, problems, cfg, stage=f"eval/{name}", progress=progress)
+        finally:
+            await engine.close()
+
+    records, summary = asyncio.run(run())
+    return [{k: v for k, v in r.items() if k != "correct"} for r in records], summary
 
 
 def summarize_eval(records: list[dict], problems: dict[str, dict], k: int) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from rstar.agent.format import CHAT_TEMPLATE, EOS, IM_END, IM_START, TOOL_SCHEMA, problem_messages, render
+from rstar.agent.format import CHAT_TEMPLATE, EOS, IM_END, IM_START, STYLES, render
 
 SPECIAL = [EOS, IM_START, IM_END]
 FORMAT_TAGS = ["<reason>", "</reason>", "<answer>", "</answer>", "<tool_call>", "</tool_call>",
@@ -21,10 +21,13 @@ def tokenizer_corpus(n_problems: int = 3000, n_sft: int = 1500, seed: int = 0) -
     """Texts in the shape the model will see: rendered problems and SFT chats."""
     from rstar.data import sft, synth
 
-    texts = [render(problem_messages(p["problem"]), tools=[TOOL_SCHEMA], add_generation_prompt=True)
-             + f"<reason>\n</reason>\n<answer>\\boxed{{{p['answer']}}}</answer>"
-             for p in synth.generate(n_problems, seed=seed)]
-    texts += [render(json.loads(r["messages"])) for r in sft.generate(n_sft, seed=seed)]
+    texts = []
+    for style in STYLES.values():
+        texts += [render(style.messages(p["problem"]), tools=style.tools, add_generation_prompt=True)
+                  + f"<reason>\n</reason>\n<answer>\\boxed{{{p['answer']}}}</answer>"
+                  for p in synth.generate(n_problems, seed=seed)]
+        texts += [render([{"role": "system", "content": style.system}] + json.loads(r["messages"]), tools=style.tools)
+                  for r in sft.generate(n_sft, seed=seed)]
     return texts
 
 

@@ -17,6 +17,7 @@ import torch
 from rstar.agent.loop import AgentLoop, LoopConfig
 from rstar.algo.loss import grpo_advantages, policy_loss
 from rstar.algo.roc import RoCConfig, Sample, p_err, p_format, select
+from rstar.data.io import write_table
 from rstar.reward.score import BatchScorer
 from rstar.rollout.hf_engine import HFEngine
 from rstar.rollout.runner import rollout, summarize
@@ -24,6 +25,7 @@ from rstar.rollout.runner import rollout, summarize
 
 @dataclass
 class StageConfig:
+    __pydantic_config__ = {"extra": "forbid"}  # a recipe (rstar.pipeline.config) may not add unknown keys
     name: str = "rl1"
     steps: int = 10
     prompts_per_step: int = 8
@@ -41,6 +43,7 @@ class StageConfig:
     init_from: str | None = None      # the previous stage's checkpoint directory, if any
     reset_optimizer: bool = False     # start with fresh AdamW moments instead of init_from's (the paper resets before stage 3)
     seed: int = 0
+    prompt_style: str = "paper"       # rstar.agent.format.STYLES; a recipe sets it once for all stages
 
 
 STATE = "trainer_state.pt"
@@ -67,13 +70,17 @@ def _log_probs(model, seqs: list[list[int]], starts: list[int], width: int) -> t
 
 class RLTrainer:
     def __init__(self, model, tokenizer, problems: list[dict], sandbox, cfg: StageConfig, out_dir: str,
-                 on_step: Callable[[int, dict], None] | None = None) -> None:
+                 on_step: Callable[[int, dict], None] | None = None, trajectories: str | None = None) -> None:
+        """`trajectories`: a directory or s3:// prefix that gets every step's rollouts as
+        `step=NNNNN.parquet` (written before the step's checkpoint, so a step redone after a
+        crash replaces its file: rows are never lost or duplicated)."""
         self.model, self.tok, self.problems, self.sandbox = model, tokenizer, problems, sandbox
-        self.cfg, self.out_dir, self.on_step = cfg, out_dir, on_step
+        self.cfg, self.out_dir, self.on_step, self.trajectories = cfg, out_dir, on_step, trajectories
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
         self.step = 0
         self.history: list[dict] = []
+        self.started_as = ""  # what try_resume did: "resumed", "initialised" or "fresh"
 
     # -- checkpoints -------------------------------------------------------------------------
     def checkpoint_dir(self) -> str:
@@ -96,14 +103,16 @@ class RLTrainer:
 
     def try_resume(self) -> str:
         """Continue this stage from its own checkpoint ("resumed"), or start it from the previous
-        stage's ("initialised": weights, and AdamW moments unless reset_optimizer), or fresh."""
+        stage's ("initialised": weights, and AdamW moments unless reset_optimizer or the source
+        is not an RL checkpoint, e.g. the SFT model), or fresh."""
         from transformers import AutoModelForCausalLM
 
         own = os.path.join(self.checkpoint_dir(), STATE)
         source = self.checkpoint_dir() if os.path.exists(own) else self.cfg.init_from
         if source is None:
             return "fresh"
-        state = torch.load(os.path.join(source, STATE), weights_only=False)
+        state = torch.load(os.path.join(source, STATE), weights_only=False) \
+            if os.path.exists(os.path.join(source, STATE)) else None
         self.model.load_state_dict(AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).state_dict())
         if source == self.checkpoint_dir():
             self.opt.load_state_dict(state["optimizer"])
@@ -111,7 +120,7 @@ class RLTrainer:
             torch.set_rng_state(state["torch_rng"])
             self.step, self.history = state["step"], state["history"]
             return "resumed"
-        if not self.cfg.reset_optimizer:  # carry the moments over; the new stage's lr schedule starts afresh
+        if state is not None and not self.cfg.reset_optimizer:  # carry the moments over; the new stage's lr schedule starts afresh
             moments = state["optimizer"]
             for group in moments["param_groups"]:
                 group.update(lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
@@ -125,15 +134,17 @@ class RLTrainer:
 
     async def run(self) -> list[dict]:
         """Train until `steps`, resuming from the stage's checkpoint when there is one."""
-        self.try_resume()
+        self.started_as = self.try_resume()
         engine = HFEngine(self.model, seed=self.cfg.seed)
         loop = AgentLoop(engine, self.tok, self.sandbox,
                          LoopConfig(max_turns=self.cfg.max_turns, max_response_tokens=self.cfg.max_response_tokens,
-                                    temperature=self.cfg.temperature))
+                                    temperature=self.cfg.temperature, prompt_style=self.cfg.prompt_style))
         with BatchScorer(workers=1) as scorer:
             while self.step < self.cfg.steps:
                 self.step += 1
-                metrics = await self.train_step(loop, scorer)
+                metrics, records = await self.train_step(loop, scorer)
+                if self.trajectories:
+                    write_table(records, f"{self.trajectories}/step={self.step:05d}.parquet", "trajectories")
                 self.history.append(metrics)
                 self.save()
                 if self.on_step:
@@ -141,7 +152,7 @@ class RLTrainer:
         await engine.close()
         return self.history
 
-    async def train_step(self, loop: AgentLoop, scorer: BatchScorer) -> dict:
+    async def train_step(self, loop: AgentLoop, scorer: BatchScorer) -> tuple[dict, list[dict]]:
         cfg = self.cfg
         t0 = time.monotonic()
         k = cfg.roc.group_size * cfg.roc.oversample
@@ -165,7 +176,7 @@ class RLTrainer:
         return {"step": self.step, **summarize_step(records, kept), **update,
                 "lr": self.sched.get_last_lr()[0], "time_rollout_s": t_rollout, "time_update_s": t_update,
                 "time_tool_s": sum(r["tool_s"] for r in records),
-                "tokens_per_s": sum(sum(r["response_mask"]) for r in records) / max(t_rollout, 1e-9)}
+                "tokens_per_s": sum(sum(r["response_mask"]) for r in records) / max(t_rollout, 1e-9)}, records
 
     def update(self, kept: list[dict]) -> dict:
         cfg = self.cfg

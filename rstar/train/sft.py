@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rstar.agent.format import SYSTEM_PROMPT, TOOL_SCHEMA
+from rstar.agent.format import STYLES
 
 
 @dataclass
 class SFTConfig:
+    __pydantic_config__ = {"extra": "forbid"}  # a recipe (rstar.pipeline.config) may not add unknown keys
     epochs: int = 3
     lr: float = 5e-6
     warmup_ratio: float = 0.04
@@ -26,16 +27,19 @@ class SFTConfig:
     weight_decay: float = 0.0
     max_length: int = 1024
     seed: int = 0
+    prompt_style: str = "paper"    # the system prompt and tools block RL will use (rstar.agent.format.STYLES)
 
 
-def encode_example(tokenizer, messages: list[dict], max_length: int) -> tuple[list[int], list[int]]:
+def encode_example(tokenizer, messages: list[dict], max_length: int,
+                   prompt_style: str = "paper") -> tuple[list[int], list[int]]:
     """Token ids and a loss mask (1 on assistant tokens) for one conversation, with the same
     system prompt and tools block the policy sees in RL."""
+    style = STYLES[prompt_style]
     if messages[0]["role"] != "system":
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}] + messages
+        messages = [{"role": "system", "content": style.system}] + messages
 
     def render(msgs, gen=False):
-        return tokenizer.apply_chat_template(msgs, tools=[TOOL_SCHEMA], tokenize=False, add_generation_prompt=gen)
+        return tokenizer.apply_chat_template(msgs, tools=style.tools, tokenize=False, add_generation_prompt=gen)
 
     text = render(messages)
     spans = []
@@ -76,7 +80,7 @@ def train_sft(model, tokenizer, rows: list[dict], cfg: SFTConfig, out_dir: str |
 
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    examples = [encode_example(tokenizer, json.loads(r["messages"]), cfg.max_length) for r in rows]
+    examples = [encode_example(tokenizer, json.loads(r["messages"]), cfg.max_length, cfg.prompt_style) for r in rows]
     examples = [e for e in examples if sum(e[1])]
     steps_per_epoch = math.ceil(len(examples) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs

@@ -1,0 +1,88 @@
+"""The training pipeline: base model -> problems -> SFT -> RL stage 1 -> RL stage 2 -> mine
+hard -> RL stage 3 -> evaluation, one retryable, cached Prefect task per stage.
+
+    python -m flows.pipeline --config configs/tiny.yaml
+"""
+from __future__ import annotations
+
+import argparse
+import yaml
+
+from prefect import flow, get_run_logger
+
+from rstar.pipeline.config import load_recipe
+from rstar.pipeline.stages import Layout
+from rstar.tracking import mlflow_log as ml
+from tasks.stage import run_stage
+
+
+def _model_inputs(out: dict) -> dict:
+    return {"model": out["model"], "model_digest": out["model_digest"], "input_model": out["model_version"]}
+
+
+@flow(name="rstar-pipeline", log_prints=True)
+def pipeline(config: str = "configs/tiny.yaml", overrides: dict | None = None) -> dict:
+    """Run the recipe in `config` (overrides: {"rl.0.steps": 2, ...}). Returns every stage's outputs."""
+    recipe = load_recipe(config, overrides)
+    uri = ml.absolute_uri(recipe.tracking.tracking_uri)
+    parent = ml.start_run(uri, recipe.tracking.experiment, f"pipeline:{recipe.name}",
+                          params=recipe.model_dump(mode="json"),
+                          tags={ml.PIPELINE: "root", "rstar.recipe_digest": recipe.digest(), "rstar.config": config})
+    stage = run_stage.with_options(retries=recipe.retries.count, retry_delay_seconds=recipe.retries.delay_s)
+    try:
+        outs: dict[str, dict] = {}
+
+        def run(name: str, inputs: dict) -> dict:
+            outs[name] = stage(name, recipe, inputs, parent)
+            return outs[name]
+
+        run("base", {})
+        data = run("problems", {})
+        train = {"problems": data["train"], "problems_digest": data["train_digest"]}
+        prev = run("sft", _model_inputs(outs["base"]))
+        for i, s in enumerate(recipe.rl):
+            last = i == len(recipe.rl) - 1
+            problems = train
+            if last:
+                hard = outs["mine"]
+                problems = {"problems": hard["problems"], "problems_digest": hard["problems_digest"]}
+            prev = run(s.name, {**_model_inputs(prev), **problems})
+            if s.name == recipe.mine.after:
+                run("mine", {**_model_inputs(prev), **train})
+        models = ["sft"] + [s.name for s in recipe.rl]
+        run("evaluate", {"models": {m: outs[m]["model"] for m in models},
+                         "digests": {m: outs[m]["model_digest"] for m in models},
+                         "versions": {m: outs[m]["model_version"] for m in models},
+                         "problems": data["eval"], "problems_digest": data["eval_digest"]})
+    except BaseException:
+        ml.end_run(uri, parent, "FAILED")
+        raise
+    ml.set_tags(uri, parent, {f"rstar.{k}.model_version": v["model_version"] for k, v in outs.items()
+                              if "model_version" in v})
+    ml.end_run(uri, parent)
+    _where_to_look(recipe, uri, parent, outs)
+    return outs
+
+
+def _where_to_look(recipe, uri: str, parent: str, outs: dict) -> None:
+    log = get_run_logger()
+    db = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
+    log.info("\n%s\n", outs["evaluate"]["table"])
+    log.info("storage: %s", Layout(recipe.storage_root).root)
+    log.info("MLflow parent run %s; UI: mlflow ui --backend-store-uri %s", parent, uri if not db else f"sqlite:///{db}")
+    log.info("Prefect UI: prefect server start (then open http://127.0.0.1:4200)")
+    log.info("lineage of the final model: rstar lineage %s --config <recipe>", outs[recipe.rl[-1].name]["model_version"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/tiny.yaml")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe value, e.g. --set rl.0.steps=2")
+    args = parser.parse_args()
+    overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
+    pipeline(args.config, overrides)
+
+
+if __name__ == "__main__":
+    main()

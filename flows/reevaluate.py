@@ -1,0 +1,73 @@
+"""Re-evaluation: evaluate chosen registered model versions on the recipe's held-out set (or a
+problems file) and attach the results to each version's lineage (the evaluation run is tagged
+`rstar.evaluates.<name/version>`, which `rstar lineage` reads).
+
+    python -m flows.reevaluate --config configs/tiny.yaml --version rstar-tiny/5
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from prefect import flow, get_run_logger
+
+from rstar.pipeline.config import load_recipe
+from rstar.tracking import mlflow_log as ml
+from rstar.tracking.digest import digest
+from tasks.stage import run_stage
+
+
+def resolve_versions(uri: str, model_name: str, versions: list[str]) -> dict[str, str]:
+    """{"name/version": source}; "latest" means the newest version of the recipe's model."""
+    c = ml.client(uri)
+    out = {}
+    for v in versions:
+        if v == "latest":
+            found = c.search_model_versions(f"name = '{model_name}'", order_by=["version_number DESC"], max_results=1)
+            if not found:
+                raise ValueError(f"no versions of {model_name!r} are registered yet")
+            v = f"{model_name}/{found[0].version}"
+        name, _, number = v.rpartition("/") if "/" in v else (model_name, "/", v)
+        out[f"{name}/{number}"] = c.get_model_version(name, number).source
+    return out
+
+
+@flow(name="rstar-reevaluate", log_prints=True)
+def reevaluate(config: str = "configs/tiny.yaml", versions: list[str] | None = None, problems: str | None = None,
+               overrides: dict | None = None) -> dict:
+    """Evaluate `versions` (default: the latest) on `problems` (default: the recipe's held-out set)."""
+    recipe = load_recipe(config, overrides)
+    uri = ml.absolute_uri(recipe.tracking.tracking_uri)
+    sources = resolve_versions(uri, recipe.tracking.registered_model, versions or ["latest"])
+    parent = ml.start_run(uri, recipe.tracking.experiment, f"reevaluate:{recipe.name}",
+                          tags={ml.PIPELINE: "reevaluate"}, params={"versions": sorted(sources)})
+    stage = run_stage.with_options(retries=recipe.retries.count, retry_delay_seconds=recipe.retries.delay_s)
+    try:
+        if problems is None:
+            data = stage("problems", recipe, {}, parent)  # cached when the pipeline already made it
+            problems = data["eval"]
+        names = {v: v.replace("/", "-v") for v in sources}
+        out = stage("evaluate", recipe, {
+            "models": {names[v]: src for v, src in sources.items()},
+            "versions": {names[v]: v for v in sources},
+            "problems": problems, "problems_digest": digest(problems),
+            "report_name": f"reeval-{time.strftime('%Y%m%d-%H%M%S')}"}, parent)
+    except BaseException:
+        ml.end_run(uri, parent, "FAILED")
+        raise
+    ml.end_run(uri, parent)
+    get_run_logger().info("\n%s", out["table"])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/tiny.yaml")
+    parser.add_argument("--version", action="append", default=[], help="NAME/VERSION or 'latest' (repeatable)")
+    parser.add_argument("--problems", default=None, help="a problems-schema Parquet file (default: held-out set)")
+    args = parser.parse_args()
+    reevaluate(args.config, args.version or None, args.problems)
+
+
+if __name__ == "__main__":
+    main()

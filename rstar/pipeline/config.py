@@ -1,0 +1,218 @@
+"""The pipeline's recipe: one YAML file, validated whole before any stage starts.
+
+An unknown key, a wrong type or a missing input file is one error naming the file and the
+key path (`rl.1.max_turns`) or the path that does not exist. The trainers' own dataclasses
+(SFTConfig, StageConfig, RoCConfig, EvalConfig) are the schema of their sections, so a
+field added to a trainer is a field of the recipe.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rstar.agent.format import STYLES
+from rstar.data import sft as sft_data
+from rstar.data.curate import SourceSpec
+from rstar.data import synth
+from rstar.eval.run import EvalConfig
+from rstar.train.rl import StageConfig
+from rstar.train.sft import SFTConfig
+
+
+class ConfigError(ValueError):
+    """A recipe that cannot run; the message names the file and the key or path."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Synthetic(_Strict):
+    n: int = Field(gt=0)
+    seed: int = 0
+    levels: list[int] = [1, 2, 3]
+    families: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _known(self):
+        unknown = sorted(set(self.families or ()) - set(synth.FAMILY))
+        if unknown:
+            raise ValueError(f"unknown families {unknown}; known: {sorted(synth.FAMILY)}")
+        return self
+
+
+class ProblemSet(_Strict):
+    """Synthetic problems, or files (Parquet/JSONL, local or s3://, 'path:preset') to curate."""
+    synthetic: Synthetic | None = None
+    files: list[str] = []
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.synthetic is None) == (not self.files):
+            raise ValueError("give exactly one of 'synthetic' or 'files'")
+        return self
+
+
+class BaseModelSpec(_Strict):
+    """The model SFT starts from: a tiny one built here (tokenizer trained, weights pretrained
+    on generated text), or a Hugging Face directory or hub name."""
+    build_tiny: bool = True
+    path: str | None = None
+    hidden: int = 192
+    layers: int = 4
+    pretrain_steps: int = 2000
+    pretrain_lr: float = 1e-3
+    pretrain_batch: int = 32
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _one(self):
+        if self.build_tiny == (self.path is not None):
+            raise ValueError("give either build_tiny: true or a path, not both")
+        return self
+
+
+class SFTSection(_Strict):
+    examples: int = Field(1000, gt=0)
+    tasks: list[str] | None = None
+    seed: int = 1
+    train: SFTConfig = SFTConfig()
+
+    @model_validator(mode="after")
+    def _known(self):
+        unknown = sorted(set(self.tasks or ()) - set(sft_data.TASKS))
+        if unknown:
+            raise ValueError(f"unknown SFT tasks {unknown}; known: {sorted(sft_data.TASKS)}")
+        return self
+
+
+class MineSection(_Strict):
+    after: str = "rl2"          # the stage whose policy decides what is hard
+    k: int = 4                   # rollouts per problem; a problem solved k/k is easy
+    problems: int | None = None  # mine among this many training problems (all by default)
+    max_response_tokens: int = 384
+    max_turns: int = 4
+    temperature: float = 1.0
+
+
+class Resources(_Strict):
+    cpus: float = 1
+    gpus: float = 0
+
+
+class Retries(_Strict):
+    count: int = 2
+    delay_s: float = 5
+
+
+class Tracking(_Strict):
+    tracking_uri: str = "sqlite:///mlruns.db"
+    experiment: str = "rstar"
+    registered_model: str = "rstar"
+
+
+class Recipe(_Strict):
+    name: str
+    storage_root: str
+    prompt_style: Literal[tuple(STYLES)] = "paper"  # type: ignore[valid-type]
+    base: BaseModelSpec = BaseModelSpec()
+    train_problems: ProblemSet
+    eval_problems: ProblemSet
+    sft: SFTSection = SFTSection()
+    rl: list[StageConfig]
+    mine: MineSection = MineSection()
+    eval: EvalConfig = EvalConfig()
+    resources: Resources = Resources()
+    retries: Retries = Retries()
+    tracking: Tracking = Tracking()
+
+    @model_validator(mode="after")
+    def _stages(self):
+        names = [s.name for s in self.rl]
+        if len(set(names)) != len(names):
+            raise ValueError(f"RL stage names repeat: {names}")
+        if self.mine.after not in names[:-1]:
+            raise ValueError(f"mine.after must name an RL stage before the last ({names[:-1]}), "
+                             f"not {self.mine.after!r}")
+        return self
+
+    def digest(self) -> str:
+        """Content digest of the whole resolved recipe."""
+        return _digest(self.model_dump(mode="json"))
+
+    def section(self, stage: str) -> dict:
+        """The part of the recipe a stage's result depends on (with its inputs' digests, its
+        cache key): editing the evaluation protocol does not re-run SFT."""
+        dump = self.model_dump(mode="json")
+        parts = {"base": ["base"], "problems": ["train_problems", "eval_problems"], "sft": ["sft", "prompt_style"],
+                 "mine": ["mine", "prompt_style"], "evaluate": ["eval", "prompt_style"]}
+        if stage in parts:
+            return {k: dump[k] for k in parts[stage]}
+        return {"rl": next(s for s in dump["rl"] if s["name"] == stage), "prompt_style": self.prompt_style}
+
+    def cache_key(self, stage: str, inputs: dict) -> str:
+        return f"{self.name}-{stage}-" + _digest({"section": self.section(stage), "root": self.storage_root,
+                                                   "inputs": inputs})
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+_UNKNOWN = ("extra_forbidden", "unexpected_keyword_argument")
+
+
+def _where(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def load_recipe(path: str, overrides: dict | None = None) -> Recipe:
+    """Read and validate a recipe file; `overrides` ({"rl.0.steps": 2}) replace values first."""
+    from rstar.storage import filesystem
+
+    fs, inner = filesystem(path)
+    if not fs.exists(inner):
+        raise ConfigError(f"{path}: no such recipe file")
+    with fs.open(inner, "r") as f:
+        try:
+            raw = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    for dotted, value in (overrides or {}).items():
+        _set(raw, dotted.split("."), value, path)
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as e:
+        problems = [f"{_where(err['loc'])}: " + ("unknown key" if err["type"] in _UNKNOWN else err["msg"])
+                    for err in e.errors()]
+        raise ConfigError(f"{path}: " + "; ".join(problems)) from None
+    for where, uri in _input_files(recipe):
+        fs, inner = filesystem(uri)
+        if not fs.exists(inner):
+            raise ConfigError(f"{path}: {where}: {uri} does not exist")
+    return recipe
+
+
+def _input_files(recipe: Recipe):
+    for section in ("train_problems", "eval_problems"):
+        for i, text in enumerate(getattr(recipe, section).files):
+            spec = SourceSpec.parse(text)
+            if spec.path.startswith(("/", ".", "s3://")) or spec.path.endswith((".parquet", ".jsonl")):
+                yield f"{section}.files.{i}", spec.path  # anything else is a hub dataset name
+    if recipe.base.path and recipe.base.path.startswith(("/", ".", "s3://")):
+        yield "base.path", recipe.base.path
+
+
+def _set(tree: dict, keys: list[str], value, path: str) -> None:
+    node = tree
+    for k in keys[:-1]:
+        node = node[int(k)] if isinstance(node, list) else node.setdefault(k, {})
+    last = keys[-1]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value

@@ -1,0 +1,297 @@
+"""The recipe's stages as plain functions: base model -> problems -> SFT -> RL stages, with
+hard-sample mining before the last one -> evaluation.
+
+Every stage reads its inputs from URIs, writes its outputs under the storage root, and
+returns a small dict of URIs, content digests and headline metrics; nothing else passes
+between stages. Prefect (tasks/) retries and caches them, Ray runs them where their
+resources are, MLflow (rstar.tracking) records them: none of that is in here.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from dataclasses import replace
+
+from rstar.pipeline.config import Recipe
+from rstar.storage import dirs, is_remote
+from rstar.tracking.digest import digest
+
+
+class Layout:
+    """Where each stage's files live under the storage root."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/") if is_remote(root) else os.path.abspath(root)
+
+    def dataset(self, name: str) -> str:
+        return f"{self.root}/datasets/{name}.parquet"
+
+    def model(self, stage: str) -> str:
+        return f"{self.root}/models/{stage}"
+
+    def trajectories(self, stage: str) -> str:
+        return f"{self.root}/trajectories/stage={stage}"
+
+    def reports(self, name: str) -> str:
+        return f"{self.root}/reports/{name}"
+
+    def work(self, stage: str) -> str:
+        """A local working directory for a stage (its trainer checkpoints)."""
+        return dirs.local_dir(f"{self.root}/work/{stage}")
+
+
+def _load(uri: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import torch
+
+    path = dirs.pull(uri)
+    if path is None:
+        raise FileNotFoundError(f"no model stored at {uri}")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+
+
+def _publish(uri: str, fill) -> str:
+    """Store a finished model directory at `uri` atomically: `fill(tmp_dir)` writes it, then
+    it replaces the old one whole (and is pushed, for a remote root)."""
+    local = dirs.local_dir(uri)
+    tmp = local + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    fill(tmp)
+    shutil.rmtree(local, ignore_errors=True)
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    os.rename(tmp, local)
+    dirs.push(uri)
+    return uri
+
+
+def _save(model, tokenizer, uri: str) -> str:
+    def fill(tmp: str) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    return _publish(uri, fill)
+
+
+def _model_output(uri: str, stage: str, metrics: dict) -> dict:
+    return {"model": uri, "model_digest": digest(dirs.pull(uri)), "stage": stage, "metrics": metrics}
+
+
+def _progress(log, stage: str, step: int, total: int, metrics: dict) -> None:
+    log.metrics(step, metrics, prefix=f"{stage}/")
+    if step % 50 == 0 or step == total:
+        print(f"[{stage}] step {step}/{total} loss {metrics['loss']:.3f}", flush=True)
+
+
+# -- stages -----------------------------------------------------------------------------------
+def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
+    """The model SFT starts from: built and pretrained here, or taken from a path/hub name."""
+    spec = recipe.base
+    if not spec.build_tiny:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model, tok = AutoModelForCausalLM.from_pretrained(spec.path), AutoTokenizer.from_pretrained(spec.path)
+        return _model_output(_save(model, tok, layout.model("base")), "base", {})
+    from rstar.model.pretrain import PretrainConfig, pretrain
+    from rstar.model.tiny import build_model, build_tokenizer
+
+    tok = build_tokenizer(seed=spec.seed)
+    model = build_model(tok, hidden=spec.hidden, layers=spec.layers, intermediate=3 * spec.hidden, seed=spec.seed)
+    history = pretrain(model, tok, PretrainConfig(steps=spec.pretrain_steps, batch_size=spec.pretrain_batch,
+                                                  lr=spec.pretrain_lr, seed=spec.seed),
+                       on_step=lambda s, m: _progress(log, "pretrain", s, spec.pretrain_steps, m))
+    return _model_output(_save(model, tok, layout.model("base")), "base",
+                         {"pretrain_loss": history[-1]["loss"] if history else None,
+                          "parameters": sum(p.numel() for p in model.parameters())})
+
+
+def problems(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
+    """Training and held-out problems (synthetic, or curated from files, decontaminated
+    against the held-out set)."""
+    from rstar.data import synth
+    from rstar.data.curate import SourceSpec, curate, write_report
+    from rstar.data.io import read_table, write_table
+
+    out = {}
+    for name in ("eval", "train"):  # eval first: training problems are decontaminated against it
+        spec = recipe.eval_problems if name == "eval" else recipe.train_problems
+        path = layout.dataset(f"{name}_problems")
+        if spec.synthetic:
+            s = spec.synthetic
+            rows = synth.generate(s.n, seed=s.seed, levels=tuple(s.levels), families=s.families, prefix=name)
+            if name == "train":
+                held_out = {r["problem"] for r in read_table(out["eval"], "problems").to_pylist()}
+                rows = [r for r in rows if r["problem"] not in held_out]
+            write_table(rows, path, "problems")
+        else:
+            held_out = [r["problem"] for r in read_table(out["eval"], "problems").to_pylist()] if name == "train" else []
+            report = curate([SourceSpec.parse(f) for f in spec.files], path, layout.dataset(f"{name}_rejects"),
+                            eval_problems=held_out)
+            write_report(report, layout.reports(f"curation_{name}.json"))
+        out[name] = path
+        out[f"{name}_digest"] = digest(path)
+        out[f"{name}_rows"] = read_table(path, "problems").num_rows
+    log.dataset(out["train"], "train_problems", out["train_digest"], context="output")
+    log.dataset(out["eval"], "eval_problems", out["eval_digest"], context="output")
+    return {**out, "metrics": {"train_problems": out["train_rows"], "eval_problems": out["eval_rows"]}}
+
+
+def sft(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
+    """Non-reasoning SFT of the base model on generated tool-use chats."""
+    from rstar.data import sft as sft_data
+    from rstar.data.io import write_table
+    from rstar.train.sft import train_sft
+
+    spec = recipe.sft
+    rows = sft_data.generate(spec.examples, seed=spec.seed, tasks=spec.tasks)
+    data = write_table(rows, layout.dataset("sft"), "sft")
+    log.dataset(data, "sft_chats", digest(data), context="training")
+    model, tok = _load(inputs["model"])
+    cfg = replace(spec.train, prompt_style=recipe.prompt_style)
+    steps = cfg.epochs * -(-len(rows) // cfg.batch_size)
+    history = train_sft(model, tok, rows, cfg, on_step=lambda s, m: _progress(log, "sft", s, steps, m))
+    log.curves(history, ["loss", "lr", "grad_norm"], "sft_curves.png")
+    return _model_output(_save(model, tok, layout.model("sft")), "sft", {"final_loss": history[-1]["loss"]})
+
+
+def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict:
+    """One GRPO-RoC stage, resumable: an interrupted run continues from its last checkpoint
+    (in the stage's working directory, or the one last pushed to remote storage)."""
+    from transformers import AutoTokenizer
+
+    from rstar.data.io import read_table
+    from rstar.sandbox.service import embedded_sandbox
+    from rstar.train.rl import RLTrainer
+
+    cfg = next(s for s in recipe.rl if s.name == stage)
+    work = layout.work(stage)
+    ckpt_uri = f"{layout.root}/work/{stage}/checkpoint"
+    if is_remote(layout.root) and not os.path.exists(os.path.join(work, "checkpoint")):
+        pulled = dirs.pull(ckpt_uri)  # resume on a fresh machine from the pushed checkpoint
+        if pulled:
+            os.makedirs(work, exist_ok=True)
+            os.rename(pulled, os.path.join(work, "checkpoint"))
+    init = dirs.pull(inputs["model"])
+    cfg = replace(cfg, init_from=init, prompt_style=recipe.prompt_style)
+    rows = read_table(inputs["problems"], ("problems", "hard_problems")).to_pylist()
+    log.dataset(inputs["problems"], "rl_problems", inputs.get("problems_digest"), context="training")
+    model, _ = _load(inputs["model"])
+    tok = AutoTokenizer.from_pretrained(init)
+
+    def on_step(step: int, metrics: dict) -> None:
+        log.metrics(step, metrics, prefix=f"{stage}/")
+        print(f"[{stage}] step {step}/{cfg.steps} accuracy {metrics['accuracy']:.3f} tool errors "
+              f"{metrics['tool_error_rate']:.3f} (in kept correct {metrics['tool_error_rate_positive_kept']:.3f}) "
+              f"length {metrics['response_len_mean']:.0f}", flush=True)
+        if is_remote(layout.root):
+            _push_checkpoint(work, ckpt_uri)
+
+    async def main():
+        async with embedded_sandbox() as sb:
+            trainer = RLTrainer(model, tok, rows, sb, cfg, work, on_step=on_step,
+                                trajectories=layout.trajectories(stage))
+            return await trainer.run(), trainer
+
+    history, trainer = asyncio.run(main())
+    log.tag("rstar.started_as", trainer.started_as)  # "resumed" after a retry picked up a checkpoint
+    log.curves(history, ["accuracy", "tool_error_rate", "tool_error_rate_positive_kept", "response_len_mean"],
+               f"{stage}_curves.png")
+    log.dataset(layout.trajectories(stage), f"{stage}_trajectories", digest(layout.trajectories(stage)),
+                context="output")
+    last = history[-1] if history else {}
+    # The stage's model is its last checkpoint, trainer state included, so the next stage can
+    # carry the AdamW moments over (unless it resets them).
+    final = _publish(layout.model(stage), lambda tmp: shutil.copytree(os.path.join(work, "checkpoint"), tmp))
+    return {**_model_output(final, stage,
+                            {k: last.get(k) for k in ("accuracy", "tool_error_rate", "tool_error_rate_positive_kept",
+                                                      "response_len_mean")}),
+            "trajectories": layout.trajectories(stage), "steps": len(history)}
+
+
+def _push_checkpoint(work: str, uri: str) -> None:
+    """Mirror the trainer's local checkpoint to remote storage (a new version, then the pointer)."""
+    mirror = dirs.local_dir(uri)
+    shutil.rmtree(mirror, ignore_errors=True)
+    shutil.copytree(os.path.join(work, "checkpoint"), mirror)
+    dirs.push(uri)
+
+
+def mine(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
+    """Problems the given policy does not solve k/k: the training set of the last stage."""
+    from rstar.agent.loop import AgentLoop, LoopConfig
+    from rstar.data.io import read_table, write_json, write_table
+    from rstar.data.mine import mine_hard
+    from rstar.rollout.hf_engine import HFEngine
+    from rstar.rollout.runner import rollout
+    from rstar.sandbox.service import embedded_sandbox
+
+    spec = recipe.mine
+    rows = read_table(inputs["problems"], "problems").to_pylist()[: spec.problems]
+    model, tok = _load(inputs["model"])
+
+    async def main():
+        engine = HFEngine(model, max_batch=64)
+        async with embedded_sandbox() as sb:
+            loop = AgentLoop(engine, tok, sb, LoopConfig(max_turns=spec.max_turns,
+                                                         max_response_tokens=spec.max_response_tokens,
+                                                         temperature=spec.temperature,
+                                                         prompt_style=recipe.prompt_style))
+            records = await rollout(loop, rows, spec.k, stage="mine")
+        await engine.close()
+        return records
+
+    hard, report = mine_hard(rows, asyncio.run(main()), k=spec.k)
+    path = write_table(hard, layout.dataset("hard_problems"), "hard_problems")
+    write_json(report.to_dict(), layout.reports("mining.json"))
+    hard_digest = digest(path)
+    log.dataset(path, "hard_problems", hard_digest, context="output")
+    return {"problems": path, "problems_digest": hard_digest, "metrics": report.to_dict()}
+
+
+def evaluate(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
+    """Every model in `inputs["models"]` ({name: uri}) on the held-out problems, side by side."""
+    from rstar.data.io import read_table, write_json, write_table
+    from rstar.eval.report import write_report
+    from rstar.eval.run import evaluate_model, markdown_table
+
+    problems_ = read_table(inputs["problems"], "problems").to_pylist()
+    out_dir = layout.reports(inputs.get("report_name", "eval"))
+    summaries = {}
+    for name, uri in inputs["models"].items():
+        records, summaries[name] = evaluate_model(dirs.pull(uri), problems_, recipe.eval,
+                                                  prompt_style=recipe.prompt_style, name=name)
+        write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
+    write_json(summaries, f"{out_dir}/summary.json")
+    paths = write_report(summaries, recipe.eval.k, out_dir)
+    for p in paths:
+        log.artifact(p)
+    flat = {f"{name}/{bench}/{key}": value for name, s in summaries.items() for bench, m in s.items()
+            for key, value in m.items() if isinstance(value, (int, float))}
+    log.metrics(0, flat, prefix="eval/")
+    return {"report": out_dir, "summaries": summaries, "table": markdown_table(summaries, recipe.eval.k),
+            "metrics": {k: v for k, v in flat.items() if k.endswith("avg_pass@1")}}
+
+
+STAGES = {"base": base, "problems": problems, "sft": sft, "mine": mine, "evaluate": evaluate}
+
+
+def run(stage: str, recipe: Recipe, inputs: dict, log) -> dict:
+    """Run one stage by name (RL stages by their recipe names)."""
+    layout = Layout(recipe.storage_root)
+    if stage in STAGES:
+        return STAGES[stage](recipe, layout, inputs, log)
+    if stage in {s.name for s in recipe.rl}:
+        return rl(recipe, layout, inputs, log, stage=stage)
+    raise ValueError(f"unknown stage {stage!r}")
+
+
+def summary_markdown(stage: str, out: dict, links: dict) -> str:
+    """The per-stage Prefect artifact: key metrics and where to look."""
+    lines = [f"# {stage}", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
+              for k, v in (out.get("metrics") or {}).items()]
+    lines += ["", *(f"- {k}: `{v}`" for k, v in links.items())]
+    if "table" in out:
+        lines += ["", out["table"]]
+    return "\n".join(lines) + "\n"

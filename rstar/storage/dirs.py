@@ -1,0 +1,71 @@
+"""Directories (model checkpoints) under the storage root, local or s3://.
+
+Trainers read and write plain local directories (Hugging Face `save_pretrained`). For a
+local root that directory *is* the stored one. For a remote root, `local_dir(uri)` is a
+mirror on this machine; `push` uploads it as a new version (`v000003/`) and only then
+moves the `latest.json` pointer (one small object, written whole), so a crash mid-upload
+leaves the previous version in place; `pull` fetches the version the pointer names.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+from rstar.storage import atomic_write_text, filesystem, is_remote
+
+POINTER = "latest.json"
+
+
+def local_dir(uri: str) -> str:
+    """Where this machine keeps (or finds) the directory stored at `uri`."""
+    if not is_remote(uri):
+        return uri
+    cache = os.environ.get("RSTAR_CACHE", os.path.expanduser("~/.cache/rstar"))
+    return os.path.join(cache, "mirror", hashlib.sha256(uri.encode()).hexdigest()[:24])
+
+
+def push(uri: str) -> None:
+    """Publish `local_dir(uri)` at `uri` (nothing to do for a local root)."""
+    if not is_remote(uri):
+        return
+    fs, root = filesystem(uri)
+    pointer = _pointer(fs, root)
+    version = f"v{(pointer['version'] + 1) if pointer else 1:06d}"
+    src = local_dir(uri)
+    for dirpath, _, files in os.walk(src):
+        for name in files:
+            rel = os.path.relpath(os.path.join(dirpath, name), src)
+            fs.put_file(os.path.join(dirpath, name), f"{root}/{version}/{rel}")
+    atomic_write_text(f"{uri}/{POINTER}", json.dumps({"version": int(version[1:]), "dir": version}))
+    if pointer:  # the old version is unreachable now
+        fs.rm(f"{root}/{pointer['dir']}", recursive=True)
+
+
+def pull(uri: str) -> str | None:
+    """The directory stored at `uri` as a local path, or None when nothing is stored there."""
+    if not is_remote(uri):
+        return uri if os.path.isdir(uri) and os.listdir(uri) else None
+    fs, root = filesystem(uri)
+    pointer = _pointer(fs, root)
+    if pointer is None:
+        return None
+    dst = local_dir(uri)
+    marker = os.path.join(dst, ".rstar-version")
+    if os.path.exists(marker) and open(marker).read() == pointer["dir"]:
+        return dst
+    shutil.rmtree(dst, ignore_errors=True)
+    fs.get(f"{root}/{pointer['dir']}/", dst + "/", recursive=True)
+    with open(marker, "w") as f:
+        f.write(pointer["dir"])
+    return dst
+
+
+def _pointer(fs, root: str) -> dict | None:
+    path = f"{root}/{POINTER}"
+    fs.invalidate_cache()
+    if not fs.exists(path):
+        return None
+    with fs.open(path) as f:
+        return json.load(f)

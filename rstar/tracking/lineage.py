@@ -1,0 +1,78 @@
+"""`rstar lineage`: the chain data -> base -> SFT -> RL stages -> evaluation of one model
+version, read from MLflow alone (model-version tags, the runs behind them, their dataset
+inputs with digests, and the evaluation runs that name the version)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rstar.tracking.mlflow_log import DIGEST, EVALUATES, INPUT_MODEL, STAGE, client
+
+
+@dataclass
+class Link:
+    version: str                  # "name/version"
+    stage: str
+    run_id: str
+    source: str
+    digest: str
+    datasets: list[dict] = field(default_factory=list)   # name, digest, context, source
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class Lineage:
+    chain: list[Link]             # oldest (base) first, the asked-for version last
+    evaluations: list[dict]       # run_id, run name, avg pass@1 metrics of runs evaluating it
+
+
+def _split(version: str, default_name: str | None) -> tuple[str, str]:
+    name, sep, number = version.rpartition("/")
+    if not sep:
+        if not default_name:
+            raise ValueError(f"{version!r}: give MODEL_NAME/VERSION")
+        return default_name, version
+    return name, number
+
+
+def lineage(tracking_uri: str, version: str, default_name: str | None = None) -> Lineage:
+    c = client(tracking_uri)
+    chain: list[Link] = []
+    seen = set()
+    current: str | None = "/".join(_split(version, default_name))
+    while current and current not in seen:
+        seen.add(current)
+        name, number = _split(current, None)
+        mv = c.get_model_version(name, number)
+        run = c.get_run(mv.run_id)
+        datasets = [{"name": d.dataset.name, "digest": d.dataset.digest, "source": d.dataset.source,
+                     "context": next((t.value for t in d.tags if t.key == "mlflow.data.context"), "")}
+                    for d in run.inputs.dataset_inputs]
+        chain.append(Link(current, mv.tags.get(STAGE, "?"), mv.run_id, mv.source, mv.tags.get(DIGEST, ""),
+                          datasets, dict(run.data.metrics)))
+        current = mv.tags.get(INPUT_MODEL)
+    chain.reverse()
+    target = chain[-1].version
+    exp_ids = [e.experiment_id for e in c.search_experiments()]
+    tag = f"{EVALUATES}.{target}"   # its value: the model's name inside that evaluation
+    runs = c.search_runs(exp_ids, filter_string=f"tags.`{tag}` LIKE '%'") if exp_ids else []
+    evaluations = [{"run_id": r.info.run_id, "name": r.info.run_name,
+                    "metrics": {k.split("/", 2)[2]: v for k, v in r.data.metrics.items()
+                                if k.startswith(f"eval/{r.data.tags[tag]}/") and "avg_pass" in k}}
+                   for r in runs]
+    return Lineage(chain, evaluations)
+
+
+def format_lineage(lin: Lineage) -> str:
+    lines = []
+    for i, link in enumerate(lin.chain):
+        arrow = "   " if i == 0 else "-> "
+        lines.append(f"{arrow}{link.stage:<9} {link.version:<16} run {link.run_id[:12]}  digest {link.digest}  "
+                     f"{link.source}")
+        for d in link.datasets:
+            lines.append(f"       {d['context']:<8} dataset {d['name']} digest {d['digest']} {d['source']}")
+    for ev in lin.evaluations:
+        scores = ", ".join(f"{k}={v:.3f}" for k, v in sorted(ev["metrics"].items()))
+        lines.append(f"-> evaluation run {ev['run_id'][:12]} ({ev['name']}): {scores or 'no scores'}")
+    if not lin.evaluations:
+        lines.append("   (no evaluation run names this version yet)")
+    return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""MLflow records of a pipeline: one parent run, a child run per stage, its resolved config as
+params, per-step metrics, datasets with content digests, PNG curves, and each stage's
+model registered as a version tagged with its stage and the version it started from.
+
+Everything goes through `MlflowClient` with explicit run ids (never the "active run"), so
+the same calls work from the Prefect flow, a Prefect task thread, or a Ray worker process.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+
+STAGE, PIPELINE, INPUT_MODEL, EVALUATES, DIGEST = (
+    "rstar.stage", "rstar.pipeline", "rstar.input_model", "rstar.evaluates", "rstar.model_digest")
+
+
+def absolute_uri(uri: str) -> str:
+    """`sqlite:///mlruns.db` names a file relative to the current directory; make it absolute
+    so Ray workers, whose working directory differs, write to the same database."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        return prefix + os.path.abspath(uri[len(prefix):])
+    return uri
+
+
+def client(tracking_uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=absolute_uri(tracking_uri), registry_uri=absolute_uri(tracking_uri))
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[^\w\-. /:]", "_", name)  # MLflow's allowed characters; '@' in pass@k is not
+
+
+def flatten(tree, prefix: str = "") -> dict[str, str]:
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    if isinstance(tree, list):
+        out = {}
+        for i, v in enumerate(tree):
+            out.update(flatten(v, f"{prefix}{i}."))
+        return out
+    return {prefix[:-1]: str(tree)[:6000]}
+
+
+def start_run(tracking_uri: str, experiment: str, name: str, *, parent: str | None = None,
+              params: dict | None = None, tags: dict | None = None) -> str:
+    from mlflow.entities import Param
+
+    c = client(tracking_uri)
+    exp = c.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else c.create_experiment(experiment)
+    all_tags = {"mlflow.runName": name, **(tags or {})}
+    if parent:
+        all_tags["mlflow.parentRunId"] = parent
+    run_id = c.create_run(exp_id, tags=all_tags, run_name=name).info.run_id
+    items = [Param(_key(k), v) for k, v in flatten(params or {}).items()]
+    for i in range(0, len(items), 100):
+        c.log_batch(run_id, params=items[i:i + 100])
+    return run_id
+
+
+def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
+    client(tracking_uri).set_terminated(run_id, status)
+
+
+def set_tags(tracking_uri: str, run_id: str, tags: dict) -> None:
+    c = client(tracking_uri)
+    for k, v in tags.items():
+        c.set_tag(run_id, k, str(v))
+
+
+class StageLog:
+    """What a stage writes to its MLflow run while it works."""
+
+    def __init__(self, tracking_uri: str, run_id: str) -> None:
+        self.tracking_uri, self.run_id = tracking_uri, run_id
+        self.c = client(tracking_uri)
+
+    def metrics(self, step: int, metrics: dict, prefix: str = "") -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(_key(prefix + k), float(v), now, step) for k, v in metrics.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        for i in range(0, len(items), 500):
+            self.c.log_batch(self.run_id, metrics=items[i:i + 500])
+
+    def tag(self, key: str, value) -> None:
+        self.c.set_tag(self.run_id, key, str(value))
+
+    def dataset(self, uri: str, name: str, digest: str | None, context: str) -> None:
+        """A dataset this stage read (`context` "training") or wrote ("output"), by URI and digest."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        source = '{"uri": "%s"}' % uri
+        ds = Dataset(name=name, digest=digest or "-", source_type="s3" if uri.startswith("s3://") else "local",
+                     source=source)
+        self.c.log_inputs(self.run_id, [DatasetInput(ds, [InputTag("mlflow.data.context", context)])])
+
+    def artifact(self, uri: str, artifact_path: str | None = None) -> None:
+        from rstar.storage import filesystem, is_remote
+
+        if not is_remote(uri):
+            self.c.log_artifact(self.run_id, uri, artifact_path)
+            return
+        fs, path = filesystem(uri)
+        with tempfile.TemporaryDirectory() as d:
+            local = os.path.join(d, os.path.basename(path))
+            fs.get_file(path, local)
+            self.c.log_artifact(self.run_id, local, artifact_path)
+
+    def curves(self, history: list[dict], keys: list[str], filename: str) -> None:
+        """Training curves as one PNG artifact: a panel per metric over steps."""
+        if not history:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        keys = [k for k in keys if any(k in h for h in history)]
+        fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 2.8), squeeze=False)
+        for ax, k in zip(axes[0], keys):
+            ax.plot([h["step"] for h in history], [h.get(k, float("nan")) for h in history], marker=".")
+            ax.set_title(k, fontsize=9)
+            ax.set_xlabel("step")
+        fig.tight_layout()
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, filename)
+            fig.savefig(path, dpi=100)
+            self.c.log_artifact(self.run_id, path, "curves")
+        plt.close(fig)
+
+
+class NullLog:
+    """StageLog's interface, recording nothing (stages run outside a pipeline)."""
+
+    def metrics(self, *a, **k) -> None: ...
+    def tag(self, *a, **k) -> None: ...
+    def dataset(self, *a, **k) -> None: ...
+    def artifact(self, *a, **k) -> None: ...
+    def curves(self, *a, **k) -> None: ...
+
+
+def register(tracking_uri: str, model_name: str, source: str, run_id: str, stage: str, digest: str,
+             input_model: str | None) -> str:
+    """Register a stage's model as a new version of `model_name`; returns "name/version"."""
+    from mlflow.exceptions import MlflowException
+
+    c = client(tracking_uri)
+    try:
+        c.create_registered_model(model_name)
+    except MlflowException:
+        pass  # already registered
+    tags = {STAGE: stage, DIGEST: digest}
+    if input_model:
+        tags[INPUT_MODEL] = input_model
+    mv = c.create_model_version(model_name, source=source, run_id=run_id, tags=tags)
+    return f"{model_name}/{mv.version}"

@@ -1,0 +1,51 @@
+"""Recipe validation: one clear error naming the file and the key or path, before any stage."""
+import pytest
+
+from rstar.pipeline.config import ConfigError, load_recipe
+
+TINY = "configs/tiny.yaml"
+
+
+def test_tiny_recipe_loads_with_the_trainers_dataclasses():
+    recipe = load_recipe(TINY)
+    assert [s.name for s in recipe.rl] == ["rl1", "rl2", "rl3"]
+    assert [s.max_response_tokens for s in recipe.rl] == [256, 384, 384]  # the paper's 8K/12K/12K, scaled
+    assert recipe.rl[2].reset_optimizer and not recipe.rl[0].reset_optimizer
+    assert recipe.mine.after == "rl2"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"rl.1.max_turnz": 3}, r"tiny.yaml: rl\.1\.max_turnz: unknown key"),
+    ({"sft.train.epochs": "many"}, r"sft\.train\.epochs: Input should be a valid integer"),
+    ({"rl.0.roc.group_sise": 2}, r"rl\.0\.roc\.group_sise: unknown key"),
+    ({"storage_roots": "x"}, r"storage_roots: unknown key"),
+    ({"train_problems": {"files": ["/no/such/problems.parquet"]}},
+     r"train_problems\.files\.0: /no/such/problems\.parquet does not exist"),
+    ({"train_problems": {"files": ["/no/such/dapo.parquet:dapo"]}}, r"/no/such/dapo\.parquet does not exist"),
+    ({"mine.after": "rl3"}, r"mine\.after must name an RL stage before the last"),
+    ({"train_problems.synthetic.families": ["nope"]}, r"unknown families \['nope'\]"),
+    ({"prompt_style": "fancy"}, r"prompt_style: Input should be 'paper' or 'compact'"),
+])
+def test_bad_recipes_name_what_is_wrong(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_recipe(TINY, overrides)
+
+
+def test_missing_or_broken_recipe_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such recipe file"):
+        load_recipe(str(tmp_path / "absent.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_recipe(str(bad))
+
+
+def test_cache_keys_change_only_for_the_stages_a_change_touches():
+    base = load_recipe(TINY)
+    changed = load_recipe(TINY, {"eval.k": 8, "rl.2.steps": 3})
+    inputs = {"model": "m", "model_digest": "abc"}
+    for stage in ("base", "problems", "sft", "rl1", "rl2", "mine"):
+        assert base.cache_key(stage, inputs) == changed.cache_key(stage, inputs)
+    for stage in ("rl3", "evaluate"):
+        assert base.cache_key(stage, inputs) != changed.cache_key(stage, inputs)
+    assert base.cache_key("sft", inputs) != base.cache_key("sft", {**inputs, "model_digest": "def"})

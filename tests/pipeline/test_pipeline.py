@@ -1,0 +1,217 @@
+"""The pipeline end to end through real Prefect, Ray, MLflow and Parquet: local storage and
+S3 (moto on loopback), caching of a finished pipeline, and a stage killed mid-way."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from rstar.data.io import read_table
+from rstar.data.schema import schema
+from rstar.pipeline.config import load_recipe
+from rstar.storage import filesystem
+from rstar.tracking import mlflow_log as ml
+from rstar.tracking.lineage import lineage
+from tests.pipeline.conftest import write_recipe
+
+STAGES = ["base", "problems", "sft", "rl1", "rl2", "mine", "rl3", "evaluate"]
+
+
+def _task_states(flow_run_id) -> dict[str, list[str]]:
+    """{task name: [state names of its runs]} for one flow run, from the Prefect API."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read():
+        async with get_client() as client:
+            runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            return runs
+
+    out: dict[str, list[str]] = {}
+    for r in asyncio.run(read()):
+        out.setdefault(r.name, []).append(r.state.name)
+    return out
+
+
+def _wait_for_deployment(name: str, timeout_s: float = 180) -> None:
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    async def wait():
+        async with get_client() as client:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    return await client.read_deployment_by_name(name)
+                except ObjectNotFound:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(1)
+
+    asyncio.run(wait())
+
+
+def _stage_runs(recipe):
+    c = ml.client(recipe.tracking.tracking_uri)
+    exp = c.get_experiment_by_name(recipe.tracking.experiment)
+    return c, c.search_runs([exp.experiment_id], max_results=500)
+
+
+def _check_trajectories(recipe, outs):
+    """Every RL step's rollouts are readable Parquet with the documented schema, each
+    rollout exactly once."""
+    for s in recipe.rl:
+        fs, root = filesystem(outs[s.name]["trajectories"])
+        files = sorted(fs.ls(root))
+        assert [f.rsplit("/", 1)[-1] for f in files] == [f"step={i:05d}.parquet" for i in range(1, s.steps + 1)]
+        for f in files:
+            uri = f"s3://{f}" if outs[s.name]["trajectories"].startswith("s3://") else f
+            table = read_table(uri, "trajectories")
+            assert table.schema.names == schema("trajectories").names
+            rows = table.to_pylist()
+            assert len(rows) == s.prompts_per_step * s.roc.group_size * s.roc.oversample
+            assert len({(r["group_id"], r["sample_index"]) for r in rows}) == len(rows)
+            assert {r["stage"] for r in rows} == {s.name}
+
+
+def test_pipeline_end_to_end_on_local_storage(finished_local):
+    path, state, outs = finished_local
+    recipe = load_recipe(path)
+    assert state.is_completed()
+    assert set(outs) == set(STAGES)
+    assert all(state == "Completed" for states in _task_states(state.state_details.flow_run_id).values()
+               for state in states)
+
+    c, runs = _stage_runs(recipe)
+    parents = [r for r in runs if r.data.tags.get(ml.PIPELINE) == "root"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = {r.data.tags[ml.STAGE]: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
+    assert set(children) == set(STAGES)
+    assert all(r.info.status == "FINISHED" for r in children.values())
+    assert children["rl1"].data.params["rl.steps"] == "3"               # the resolved config as params
+    history = c.get_metric_history(children["rl1"].info.run_id, "rl1/accuracy")
+    assert [m.step for m in history] == [1, 2, 3]                     # per-step trainer metrics
+    assert "curves/rl1_curves.png" in [a.path for a in c.list_artifacts(children["rl1"].info.run_id, "curves")]
+    problems_inputs = {d.dataset.name: d.dataset.digest for d in children["problems"].inputs.dataset_inputs}
+    assert problems_inputs["train_problems"] == outs["problems"]["train_digest"] != "-"
+
+    lin = lineage(recipe.tracking.tracking_uri, outs["rl3"]["model_version"])
+    assert [link.stage for link in lin.chain] == ["base", "sft", "rl1", "rl2", "rl3"]
+    assert [link.version for link in lin.chain] == [outs[s]["model_version"] for s in ["base", "sft", "rl1", "rl2", "rl3"]]
+    rl3_data = {d["name"]: d["digest"] for d in lin.chain[-1].datasets}
+    assert rl3_data["rl_problems"] == outs["mine"]["problems_digest"]   # stage 3 trained on the mined set
+    assert lin.chain[1].datasets[0]["name"] == "sft_chats"
+    assert [e["run_id"] for e in lin.evaluations] == [outs["evaluate"]["mlflow_run_id"]]
+    _check_trajectories(recipe, outs)
+    report = outs["evaluate"]["report"]
+    assert {"report.md", "report.html", "accuracy.png", "summary.json"} <= set(os.listdir(report))
+    assert list(outs["evaluate"]["summaries"]) == ["sft", "rl1", "rl2", "rl3"]  # SFT and each stage side by side
+
+
+def test_rerunning_a_finished_pipeline_serves_every_stage_from_cache(finished_local):
+    from flows.pipeline import pipeline
+
+    path, _, outs = finished_local
+    state = pipeline(path, return_state=True)
+    assert state.is_completed()
+    states = _task_states(state.state_details.flow_run_id)
+    assert set(states) == set(STAGES)
+    assert all(s == ["Cached"] for s in states.values()), states
+    assert {k: v.get("model_version") for k, v in state.result().items()} == \
+        {k: v.get("model_version") for k, v in outs.items()}
+
+
+def test_pipeline_on_s3(prefect_api, s3, tmp_path):
+    from flows.pipeline import pipeline
+
+    path = write_recipe(str(tmp_path), "s3", f"{s3}/pipeline")
+    state = pipeline(path, return_state=True)
+    assert state.is_completed()
+    outs = state.result()
+    recipe = load_recipe(path)
+    for stage in ["base", "sft", "rl1", "rl2", "rl3"]:
+        assert outs[stage]["model"].startswith(f"{s3}/pipeline/models/")
+    fs, _ = filesystem(s3)
+    assert fs.exists(f"rstar-test/pipeline/models/rl3/latest.json")
+    _check_trajectories(recipe, outs)
+    lin = lineage(recipe.tracking.tracking_uri, outs["rl3"]["model_version"])
+    assert [link.source for link in lin.chain][-1] == f"{s3}/pipeline/models/rl3"
+
+
+def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(prefect_api, finished_local, tmp_path):
+    """SIGKILL rl1's Ray worker mid-stage: Prefect retries the task, the trainer
+    resumes from the checkpoint, and the trajectories equal the uninterrupted run's."""
+    from flows.pipeline import pipeline
+    from rstar.pipeline.launch import pid_file
+
+    path = write_recipe(str(tmp_path), "fault", str(tmp_path / "root"))
+    recipe = load_recipe(path)
+    # Once step 2's rollouts are on disk, step 1's checkpoint is too: the kill lands mid-stage
+    # with something to resume from.
+    second_step = os.path.join(recipe.storage_root, "trajectories", "stage=rl1", "step=00002.parquet")
+    killed = []
+
+    def killer():
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not os.path.exists(second_step):
+            time.sleep(0.05)
+        if os.path.exists(second_step):
+            pid = int(open(pid_file(recipe, "rl1")).read())
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    state = pipeline(path, return_state=True)
+    thread.join(timeout=5)
+    assert killed, "rl1 never wrote its second step"
+    assert state.is_completed()
+    outs = state.result()
+    assert _task_states(state.state_details.flow_run_id)["rl1"] == ["Completed"]
+
+    c, runs = _stage_runs(recipe)
+    rl1 = sorted((r for r in runs if r.data.tags.get(ml.STAGE) == "rl1"), key=lambda r: r.info.start_time)
+    assert [r.info.status for r in rl1] == ["FAILED", "FINISHED"]
+    assert rl1[1].data.tags["rstar.started_as"] == "resumed"
+    _check_trajectories(recipe, outs)
+
+    _, _, reference = finished_local  # the same recipe, never interrupted
+    ref_recipe = load_recipe(finished_local[0])
+    for step in range(1, 4):
+        got = read_table(f"{outs['rl1']['trajectories']}/step={step:05d}.parquet", "trajectories").to_pylist()
+        want = read_table(f"{reference['rl1']['trajectories']}/step={step:05d}.parquet", "trajectories").to_pylist()
+        assert [(r["group_id"], r["response_ids"], r["reward"]) for r in got] == \
+            [(r["group_id"], r["response_ids"], r["reward"]) for r in want], f"step {step}"
+    assert ref_recipe.rl[0] == recipe.rl[0]
+
+
+@pytest.mark.timeout(900)
+def test_a_served_deployment_runs_when_triggered_like_the_ui_run_button(prefect_api, finished_local):
+    """`rstar serve` in its own process; a flow run created from the deployment through the
+    API (what the UI's Run button does) is picked up and completes."""
+    import subprocess
+    import sys
+
+    from prefect.deployments import run_deployment
+
+    path, _, outs = finished_local
+    recipe = load_recipe(path)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    server = subprocess.Popen([sys.executable, "-m", "rstar.cli", "serve", "--config", path, "--name", "test"],
+                              env=env, cwd=os.getcwd(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        _wait_for_deployment("rstar-reevaluate/test-nightly")
+        flow_run = run_deployment("rstar-reevaluate/test-nightly", parameters={"versions": [outs["rl1"]["model_version"]]},
+                                  timeout=600)
+        assert flow_run.state.is_completed(), flow_run.state
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+    evals = lineage(recipe.tracking.tracking_uri, outs["rl1"]["model_version"]).evaluations
+    assert len(evals) == 2  # the pipeline's evaluation and the re-evaluation, both attached to rl1's version

@@ -1,0 +1,60 @@
+"""Model directories on S3: versions published whole, the pointer moved last."""
+import os
+
+import pytest
+
+from rstar.storage import dirs, filesystem
+
+
+def _fill(path, text):
+    os.makedirs(path, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        with open(os.path.join(path, name), "w") as f:
+            f.write(f"{name}:{text}")
+
+
+def test_push_then_pull_on_a_fresh_machine(s3, tmp_path, monkeypatch):
+    uri = f"{s3}/dirs/model"
+    monkeypatch.setenv("RSTAR_CACHE", str(tmp_path / "writer"))
+    assert dirs.pull(uri) is None
+    _fill(dirs.local_dir(uri), "one")
+    dirs.push(uri)
+    _fill(dirs.local_dir(uri), "two")
+    dirs.push(uri)
+    fs, root = filesystem(uri)
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root)) == ["latest.json", "v000002"]  # v1 removed
+    monkeypatch.setenv("RSTAR_CACHE", str(tmp_path / "reader"))  # another machine
+    local = dirs.pull(uri)
+    assert local.startswith(str(tmp_path / "reader"))
+    assert open(os.path.join(local, "config.json")).read() == "config.json:two"
+
+
+def test_an_interrupted_push_leaves_the_previous_version_readable(s3, tmp_path, monkeypatch):
+    uri = f"{s3}/dirs/interrupted"
+    monkeypatch.setenv("RSTAR_CACHE", str(tmp_path / "w"))
+    _fill(dirs.local_dir(uri), "good")
+    dirs.push(uri)
+    _fill(dirs.local_dir(uri), "new")
+    fs, _ = filesystem(uri)
+    real_put, calls = fs.put_file, []
+
+    def failing_put(src, dst, **kw):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise ConnectionError("network dropped")
+        return real_put(src, dst, **kw)
+
+    monkeypatch.setattr(fs, "put_file", failing_put)  # fsspec hands out one cached instance
+    with pytest.raises(ConnectionError):
+        dirs.push(uri)
+    monkeypatch.undo()
+    monkeypatch.setenv("RSTAR_CACHE", str(tmp_path / "r"))
+    assert open(os.path.join(dirs.pull(uri), "model.safetensors")).read() == "model.safetensors:good"
+
+
+def test_local_roots_are_used_in_place(tmp_path):
+    path = str(tmp_path / "m")
+    assert dirs.local_dir(path) == path and dirs.pull(path) is None
+    _fill(path, "x")
+    dirs.push(path)  # nothing to do
+    assert dirs.pull(path) == path
