@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rstar.agent.format import IM_END, IM_START
+
 
 @dataclass
 class PretrainConfig:
@@ -27,28 +29,43 @@ class PretrainConfig:
     seed: int = 0
 
 
+_FILLER = ("please", "note", "the", "value", "we", "keep", "it", "here", "for", "later", "and", "then", "use",
+           "this", "number", "again", "carefully", "now")
+
+
 def _number(rng: random.Random) -> str:
-    return str(rng.randint(0, 10 ** rng.randint(1, 8)))
+    return str(rng.randint(0, 10 ** rng.randint(1, 7)))
+
+
+def _filler(rng: random.Random) -> str:
+    return " ".join(rng.choices(_FILLER, k=rng.randint(0, 12)))
+
+
+def _expression(rng: random.Random) -> tuple[str, str]:
+    """(math notation, Python) for one random expression."""
+    a, b = rng.randint(2, 999), rng.randint(2, 999)
+    c, d, m = rng.randint(2, 19), rng.randint(2, 30), rng.randint(7, 99)
+    return rng.choice([(f"{a} \u00d7 {b}", f"{a}*{b}"), (f"{a} times {b}", f"{a}*{b}"), (f"{c}^{d}", f"{c}**{d}"),
+                       (f"{c}^{{{d}}}", f"{c}**{d}"), (f"{c} to the power {d}", f"{c}**{d}"),
+                       (f"{a} mod {m}", f"{a}%{m}"), (f"{c}^{d} modulo {m}", f"pow({c}, {d}, {m})")])
 
 
 def document(rng: random.Random) -> str:
-    """One generated pretraining document."""
-    a, b = rng.randint(2, 999), rng.randint(2, 999)
-    c, d, m = rng.randint(2, 19), rng.randint(2, 30), rng.randint(7, 99)
-    kind = rng.randrange(8)
+    """One generated pretraining document: notation-to-Python sentences, and numbers copied
+    across a gap of filler, inside and outside chat turns (so copying is learnt as a skill of
+    its own, not tied to one template)."""
+    kind = rng.randrange(4)
     if kind == 0:
-        return f"The product {a} \u00d7 {b} is written {a}*{b} in Python."
+        math_, code = _expression(rng)
+        return f"In Python, {math_} is written {code}."
+    xs = " and ".join(_number(rng) for _ in range(rng.randint(1, 2)))
     if kind == 1:
-        return f"To multiply {a} and {b} together in Python, write {a}*{b}."
+        return f"Remember {xs}. {_filler(rng)}. You remembered {xs}."
     if kind == 2:
-        return f"{c}^{d} is written {c}**{d}."
-    if kind == 3:
-        return f"{a} \\bmod {m} is written {a}%{m}; {c}^{d} modulo {m} is pow({c}, {d}, {m})."
-    if kind in (4, 5):
-        xs = " ".join(_number(rng) for _ in range(rng.randint(1, 3)))
-        return f"Repeat: {xs}. Again: {xs}."
+        return (f"{IM_START}user\n{_filler(rng)} {xs} {_filler(rng)}{IM_END}\n{IM_START}assistant\n"
+                f"{_filler(rng)} {xs}{IM_END}")
     v = _number(rng)
-    return f"x = {v}\nprint(x)\n{v}"
+    return f"x = {v}\n# {_filler(rng)}\nprint(x)\n{v}"
 
 
 def pretrain(model, tokenizer, cfg: PretrainConfig, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:

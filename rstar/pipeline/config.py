@@ -77,8 +77,11 @@ class BaseModelSpec(_Strict):
 
 
 class SFTSection(_Strict):
+    """Generated non-reasoning chats (`examples` of `tasks`), or chat files to load instead
+    (JSONL/Parquet of OpenAI-style messages, local or s3://)."""
     examples: int = Field(1000, gt=0)
     tasks: list[str] | None = None
+    files: list[str] = []
     seed: int = 1
     train: SFTConfig = SFTConfig()
 
@@ -100,8 +103,9 @@ class MineSection(_Strict):
 
 
 class Resources(_Strict):
-    cpus: float = 1
-    gpus: float = 0
+    cpus: float = 1    # per stage job
+    gpus: float = 0    # per stage job (the verl engine: GPUs per node)
+    nodes: int = 1     # the verl engine: nodes per RL stage
 
 
 class Retries(_Strict):
@@ -119,6 +123,8 @@ class Recipe(_Strict):
     name: str
     storage_root: str
     prompt_style: Literal[tuple(STYLES)] = "paper"  # type: ignore[valid-type]
+    engine: Literal["local", "verl"] = "local"   # RL stages: this machine's trainer, or verl on the Ray cluster
+    sandbox_url: str | None = None               # the verl engine's sandbox service (rstar sandbox serve)
     base: BaseModelSpec = BaseModelSpec()
     train_problems: ProblemSet
     eval_problems: ProblemSet
@@ -132,6 +138,8 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _stages(self):
+        if self.engine == "verl" and not (self.sandbox_url and self.resources.gpus >= 1):
+            raise ValueError("engine 'verl' needs sandbox_url and resources.gpus >= 1")
         names = [s.name for s in self.rl]
         if len(set(names)) != len(names):
             raise ValueError(f"RL stage names repeat: {names}")
@@ -170,8 +178,9 @@ def _where(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
-def load_recipe(path: str, overrides: dict | None = None) -> Recipe:
-    """Read and validate a recipe file; `overrides` ({"rl.0.steps": 2}) replace values first."""
+def load_recipe(path: str, overrides: dict | None = None, *, check_inputs: bool = True) -> Recipe:
+    """Read and validate a recipe file; `overrides` ({"rl.0.steps": 2}) replace values first.
+    `check_inputs` also checks that every input file exists (the pipeline always does)."""
     from rstar.storage import filesystem
 
     fs, inner = filesystem(path)
@@ -190,14 +199,20 @@ def load_recipe(path: str, overrides: dict | None = None) -> Recipe:
         problems = [f"{_where(err['loc'])}: " + ("unknown key" if err["type"] in _UNKNOWN else err["msg"])
                     for err in e.errors()]
         raise ConfigError(f"{path}: " + "; ".join(problems)) from None
-    for where, uri in _input_files(recipe):
-        fs, inner = filesystem(uri)
-        if not fs.exists(inner):
+    for where, uri in _input_files(recipe) if check_inputs else ():
+        try:
+            fs, inner = filesystem(uri)
+            found = fs.exists(inner)
+        except Exception as e:  # noqa: BLE001 - no credentials, no endpoint, no network: say which
+            raise ConfigError(f"{path}: {where}: cannot check {uri} ({type(e).__name__}: {e})") from None
+        if not found:
             raise ConfigError(f"{path}: {where}: {uri} does not exist")
     return recipe
 
 
 def _input_files(recipe: Recipe):
+    for i, uri in enumerate(recipe.sft.files):
+        yield f"sft.files.{i}", uri
     for section in ("train_problems", "eval_problems"):
         for i, text in enumerate(getattr(recipe, section).files):
             spec = SourceSpec.parse(text)

@@ -91,7 +91,10 @@ def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     if not spec.build_tiny:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from rstar.agent.format import CHAT_TEMPLATE
+
         model, tok = AutoModelForCausalLM.from_pretrained(spec.path), AutoTokenizer.from_pretrained(spec.path)
+        tok.chat_template = CHAT_TEMPLATE  # the rStar2-Agent format, identical in HF, vLLM and verl
         return _model_output(_save(model, tok, layout.model("base")), "base", {})
     from rstar.model.pretrain import PretrainConfig, pretrain
     from rstar.model.tiny import build_model, build_tokenizer
@@ -144,7 +147,8 @@ def sft(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     from rstar.train.sft import train_sft
 
     spec = recipe.sft
-    rows = sft_data.generate(spec.examples, seed=spec.seed, tasks=spec.tasks)
+    rows = [r for f in spec.files for r in sft_data.load_sft(f)] if spec.files else \
+        sft_data.generate(spec.examples, seed=spec.seed, tasks=spec.tasks)
     data = write_table(rows, layout.dataset("sft"), "sft")
     log.dataset(data, "sft_chats", digest(data), context="training")
     model, tok = _load(inputs["model"])
@@ -165,6 +169,8 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
     from rstar.train.rl import RLTrainer
 
     cfg = next(s for s in recipe.rl if s.name == stage)
+    if recipe.engine == "verl":
+        return _rl_verl(recipe, layout, inputs, log, cfg)
     work = layout.work(stage)
     ckpt_uri = f"{layout.root}/work/{stage}/checkpoint"
     if is_remote(layout.root) and not os.path.exists(os.path.join(work, "checkpoint")):
@@ -207,6 +213,29 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
                             {k: last.get(k) for k in ("accuracy", "tool_error_rate", "tool_error_rate_positive_kept",
                                                       "response_len_mean")}),
             "trajectories": layout.trajectories(stage), "steps": len(history)}
+
+
+def _rl_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg) -> dict:
+    """The cluster path: verl's trainer on the Ray cluster (FSDP actor, vLLM rollouts, this
+    project's agent loop, tool and reward), then its last FSDP checkpoint merged into a
+    Hugging Face directory. verl resumes from its own checkpoints after a retry."""
+    import subprocess
+    import sys
+
+    from rstar.train.verl_launcher import build_verl_run
+
+    work = layout.work(cfg.name)
+    cmd = build_verl_run(replace(cfg, prompt_style=recipe.prompt_style), model=dirs.pull(inputs["model"]),
+                         problems=inputs["problems"], sandbox_url=recipe.sandbox_url, out_dir=work,
+                         n_gpus=int(recipe.resources.gpus), nodes=recipe.resources.nodes)
+    log.tag("rstar.verl_command", " ".join(cmd)[:5000])
+    subprocess.run(cmd, check=True)
+    merged = os.path.join(work, "hf")
+    subprocess.run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+                    "--local_dir", os.path.join(work, f"global_step_{cfg.steps}", "actor"), "--target_dir", merged],
+                   check=True)
+    final = _publish(layout.model(cfg.name), lambda tmp: shutil.copytree(merged, tmp))
+    return _model_output(final, cfg.name, {})
 
 
 def _push_checkpoint(work: str, uri: str) -> None:

@@ -26,9 +26,10 @@ from rstar.data.io import read_table
 from rstar.train.rl import StageConfig
 
 
-def to_verl_rows(problems: list[dict]) -> list[dict]:
+def to_verl_rows(problems: list[dict], prompt_style: str = "paper") -> list[dict]:
     """Problems in the layout verl's RLHFDataset reads."""
-    return [{"data_source": p["source"], "agent_name": "rstar_agent", "prompt": problem_messages(p["problem"]),
+    return [{"data_source": p["source"], "agent_name": "rstar_agent",
+             "prompt": problem_messages(p["problem"], prompt_style),
              "reward_model": {"style": "rule", "ground_truth": p["answer"]},
              "extra_info": {"index": i, "problem": p["problem"], "problem_id": p["id"]}}
             for i, p in enumerate(problems)]
@@ -93,7 +94,8 @@ def build_verl_run(cfg: StageConfig, *, model: str, problems: str, sandbox_url: 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.Table.from_pylist(to_verl_rows(read_table(problems, "problems").to_pylist())), train_files)
+    pq.write_table(pa.Table.from_pylist(to_verl_rows(
+        read_table(problems, ("problems", "hard_problems")).to_pylist(), cfg.prompt_style)), train_files)
     agent_cfg = os.path.join(out_dir, "agent_loops.yaml")
     with open(agent_cfg, "w") as f:
         f.write("- name: rstar_agent\n  _target_: rstar.agent.verl_adapter.RStarAgentLoop\n")

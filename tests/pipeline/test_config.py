@@ -49,3 +49,16 @@ def test_cache_keys_change_only_for_the_stages_a_change_touches():
     for stage in ("rl3", "evaluate"):
         assert base.cache_key(stage, inputs) != changed.cache_key(stage, inputs)
     assert base.cache_key("sft", inputs) != base.cache_key("sft", {**inputs, "model_digest": "def"})
+
+
+def test_the_paper_recipe_validates_and_its_inputs_are_checked(s3):
+    recipe = load_recipe("configs/qwen3-14b.yaml", check_inputs=False)
+    assert recipe.engine == "verl" and recipe.base.path == "Qwen/Qwen3-14B-Base"
+    assert [(s.max_response_tokens, s.steps, s.max_turns) for s in recipe.rl] == \
+        [(8192, 300, 10), (12288, 85, 10), (12288, 125, 15)]
+    assert [s.roc.group_size * s.roc.oversample for s in recipe.rl] == [32, 32, 32]
+    assert recipe.rl[2].reset_optimizer and recipe.mine.k == 8
+    with pytest.raises(ConfigError, match=r"sft\.files\.0: s3://rstar/raw/sft_function_calling\.jsonl does not exist"):
+        load_recipe("configs/qwen3-14b.yaml", {"train_problems": {"synthetic": {"n": 5}}})
+    with pytest.raises(ConfigError, match="engine 'verl' needs sandbox_url"):
+        load_recipe("configs/qwen3-14b.yaml", {"sandbox_url": None}, check_inputs=False)
