@@ -4,7 +4,7 @@ setup:
 	@bash scripts/setup.sh
 
 run: setup
-	.venv/bin/rstar sandbox demo
+	.venv/bin/rstar pipeline run --config configs/tiny.yaml
 
 test: setup
 	.venv/bin/python -m pytest -q

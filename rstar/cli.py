@@ -64,6 +64,16 @@ def serve_command(config: str = typer.Option("configs/tiny.yaml"), name: str = t
     serve_all(config, name, cron)
 
 
+@app.command("bench-recipe")
+def bench_recipe_command(config: str = typer.Option("configs/tiny.yaml"),
+                         out: str = typer.Option("docs/benchmarks.md"),
+                         png: str = typer.Option("docs/tiny_ablation.png")) -> None:
+    """The tiny recipe's time, accuracy per stage and RoC-vs-GRPO ablation -> docs/benchmarks.md."""
+    from rstar.pipeline.bench import run_recipe_benchmark
+
+    run_recipe_benchmark(config, out, png)
+
+
 @app.command("lineage")
 def lineage_command(version: str = typer.Argument(..., help="NAME/VERSION of a registered model, or VERSION."),
                     config: str = typer.Option("configs/tiny.yaml", help="Recipe naming the MLflow store and model."),

@@ -38,7 +38,7 @@ def _number(rng: random.Random) -> str:
 
 
 def _filler(rng: random.Random) -> str:
-    return " ".join(rng.choices(_FILLER, k=rng.randint(0, 12)))
+    return " ".join(rng.choices(_FILLER, k=rng.randint(0, 4)))
 
 
 def _expression(rng: random.Random) -> tuple[str, str]:

@@ -121,3 +121,17 @@ async def test_calls_in_one_turn_run_concurrently(tokenizer, agent_sandbox):
     assert [c.status for c in traj.tool_calls] == ["ok"] * 3
     assert traj.tool_s < 1.5 and time.monotonic() - start < 3  # not 3 x 0.6 s one after another
     assert traj.response_text.count("<tool_response>\ndone\n</tool_response>") == 3
+
+
+def test_compact_style_keeps_the_format_and_drops_the_preamble(tokenizer):
+    from rstar.agent.format import STYLES
+
+    paper, compact = STYLES["paper"], STYLES["compact"]
+    render = lambda st: tokenizer.apply_chat_template(st.messages("What is 6*7?"), tools=st.tools, tokenize=False,
+                                                      add_generation_prompt=True)
+    short, long = render(compact), render(paper)
+    assert "<tools>" in long and "<tools>" not in short
+    assert "<answer>" in short and "\\boxed{}" in short and short.endswith("What is 6*7?<|im_end|>\n<|im_start|>assistant\n")
+    assert len(tokenizer.encode(short)) * 4 < len(tokenizer.encode(long))
+    loop = AgentLoop(None, tokenizer, None, LoopConfig(prompt_style="compact"))
+    assert loop.prompt_ids("What is 6*7?") == tokenizer.encode(short, add_special_tokens=False)

@@ -114,3 +114,23 @@ def test_data_commands(tmp_path):
     assert len(read_table(str(tmp_path / "hard.parquet"), "hard_problems")) == (len(kept) + 1) // 2  # the even-indexed ones failed
     r = runner.invoke(app, ["data", "sft", "--out", str(tmp_path / "s.parquet"), "--n", "16"])
     assert r.exit_code == 0 and "wrote 16 SFT examples" in r.output
+
+
+def test_sft_task_selection_and_calc_examples_are_right():
+    import json
+
+    import pytest as _pytest
+
+    from rstar.data import sft
+
+    rows = sft.generate(40, seed=3, tasks=["calc", "reverse"])
+    assert {r["task"] for r in rows} == {"calc", "reverse"}
+    for r in rows:
+        if r["task"] == "calc":
+            msgs = json.loads(r["messages"])
+            expr = msgs[0]["content"].removeprefix("Use Python to evaluate ").removesuffix(".")
+            assert msgs[1]["tool_calls"][0]["arguments"]["code"] == f"print({expr})"
+            assert msgs[2]["content"].strip() == str(eval(expr))
+            assert f"\\boxed{{{eval(expr)}}}" in msgs[3]["content"]
+    with _pytest.raises(ValueError, match=r"unknown SFT task\(s\) \['nope'\]"):
+        sft.generate(3, tasks=["nope"])

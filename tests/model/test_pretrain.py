@@ -1,0 +1,23 @@
+"""The tiny base model's pretraining: generated text with no RL problem or answer in it,
+and a loss that actually falls."""
+import random
+
+from rstar.data import synth
+from rstar.model.pretrain import PretrainConfig, document, pretrain
+from rstar.model.tiny import build_model
+
+
+def test_documents_never_contain_an_rl_problem_or_its_phrasing():
+    rng = random.Random(0)
+    docs = [document(rng) for _ in range(3000)]
+    problems = synth.generate(300, levels=(1, 2, 3))
+    stems = {p["problem"][:25] for p in problems}
+    assert not any(stem in d for d in docs for stem in stems)
+    assert any("**" in d for d in docs) and any("<|im_start|>assistant" in d for d in docs)
+
+
+def test_pretraining_lowers_the_loss(tokenizer):
+    model = build_model(tokenizer, hidden=32, layers=1, intermediate=64)
+    history = pretrain(model, tokenizer, PretrainConfig(steps=40, batch_size=8, lr=3e-3, warmup_steps=5))
+    first, last = sum(h["loss"] for h in history[:5]) / 5, sum(h["loss"] for h in history[-5:]) / 5
+    assert last < first - 1.0
