@@ -1,7 +1,8 @@
 """A tiny causal LM and its tokenizer, built and trained locally (nothing from a hub).
 
 The tokenizer is a byte-level BPE trained on the project's own synthetic problems and SFT
-chats, with single-digit number tokens and the format's tags as whole tokens; it carries
+chats, with single-digit number tokens (or, with `number_tokens`, one token per 1-3 digit
+chunk) and the format's tags as whole tokens; it carries
 the chat template, so the saved directory loads the same in transformers, vLLM and verl.
 The model is a Qwen2-architecture decoder of a few million parameters.
 """
@@ -31,7 +32,10 @@ def tokenizer_corpus(n_problems: int = 3000, n_sft: int = 1500, seed: int = 0) -
     return texts
 
 
-def build_tokenizer(vocab_size: int = 2048, seed: int = 0):
+def build_tokenizer(vocab_size: int = 2048, seed: int = 0, number_tokens: bool = False):
+    """`number_tokens`: every string of one to three digits is one token, so a number is read
+    in chunks of three from the left ("1234567" -> 123 456 7) and copying a 3-digit operand is
+    copying one token, which a tiny model learns far sooner than copying three."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -45,6 +49,8 @@ def build_tokenizer(vocab_size: int = 2048, seed: int = 0):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=EOS,
                                    additional_special_tokens=[IM_START], chat_template=CHAT_TEMPLATE)
     fast.add_tokens(FORMAT_TAGS)
+    if number_tokens:
+        fast.add_tokens([f"{i:0{w}d}" for w in (3, 2, 1) for i in range(10 ** w)])
     return fast
 
 
@@ -62,9 +68,9 @@ def build_model(tokenizer, *, hidden: int = 128, layers: int = 4, heads: int = 4
     return Qwen2ForCausalLM(config)
 
 
-def build_tiny(out_dir: str, *, seed: int = 0, **model_kwargs) -> str:
+def build_tiny(out_dir: str, *, seed: int = 0, number_tokens: bool = False, **model_kwargs) -> str:
     """Tokenizer + randomly initialised model, saved in Hugging Face format to `out_dir`."""
-    tokenizer = build_tokenizer(seed=seed)
+    tokenizer = build_tokenizer(seed=seed, number_tokens=number_tokens)
     model = build_model(tokenizer, seed=seed, **model_kwargs)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)

@@ -64,6 +64,7 @@ class BaseModelSpec(_Strict):
     path: str | None = None
     hidden: int = 192
     layers: int = 4
+    number_tokens: bool = False   # numbers read as 3-digit tokens (see rstar.model.tiny.build_tokenizer)
     pretrain_steps: int = 2000
     pretrain_lr: float = 1e-3
     pretrain_batch: int = 32

@@ -215,3 +215,18 @@ def test_a_served_deployment_runs_when_triggered_like_the_ui_run_button(prefect_
         server.wait(timeout=30)
     evals = lineage(recipe.tracking.tracking_uri, outs["rl1"]["model_version"]).evaluations
     assert len(evals) == 2  # the pipeline's evaluation and the re-evaluation, both attached to rl1's version
+
+
+def test_lineage_command_prints_the_chain(finished_local):
+    from typer.testing import CliRunner
+
+    from rstar.cli import app
+
+    path, _, outs = finished_local
+    result = CliRunner().invoke(app, ["lineage", outs["rl3"]["model_version"], "--config", path])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    stages = [line.split()[1] if line.startswith("->") else line.split()[0] for line in lines
+              if line.strip() and not line.startswith("       ")]
+    assert stages[:5] == ["base", "sft", "rl1", "rl2", "rl3"]
+    assert "evaluation run" in result.output and outs["mine"]["problems_digest"] in result.output
