@@ -7,17 +7,26 @@ digests, so re-running a finished pipeline serves every stage from cache.
 """
 from __future__ import annotations
 
+import time
+
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from rstar.pipeline.config import Recipe
 from rstar.pipeline.launch import run_job
-from rstar.pipeline.stages import Layout, summary_markdown
+from rstar.pipeline.stages import Layout, outputs_exist, summary_markdown
 from rstar.tracking import mlflow_log as ml
 
 
-@task(name="stage", task_run_name="{stage}", persist_result=True,
-      cache_key_fn=lambda ctx, params: params["recipe"].cache_key(params["stage"], params["inputs"]))
+def _cache_key(ctx, params: dict) -> str:
+    """The stage's recipe section and input digests; a stage whose outputs were deleted since
+    gets a fresh key, so it runs again instead of returning URIs of missing files."""
+    recipe, stage, inputs = params["recipe"], params["stage"], params["inputs"]
+    key = recipe.cache_key(stage, inputs)
+    return key if outputs_exist(recipe, stage, inputs) else f"{key}-missing-{time.time_ns()}"
+
+
+@task(name="stage", task_run_name="{stage}", persist_result=True, cache_key_fn=_cache_key)
 def run_stage(stage: str, recipe: Recipe, inputs: dict, parent_run_id: str) -> dict:
     log = get_run_logger()
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)

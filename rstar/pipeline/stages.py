@@ -302,6 +302,21 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
             "metrics": {k: v for k, v in flat.items() if k.endswith("avg_pass@1")}}
 
 
+def outputs_exist(recipe: Recipe, stage: str, inputs: dict) -> bool:
+    """Whether a stage's outputs are still in storage (a cached result is only reused if so)."""
+    from rstar.storage import filesystem
+
+    layout = Layout(recipe.storage_root)
+    paths = {"problems": [layout.dataset("train_problems"), layout.dataset("eval_problems")],
+             "mine": [layout.dataset("hard_problems")],
+             "evaluate": [f"{layout.reports(inputs.get('report_name', 'eval'))}/summary.json"]}.get(stage)
+    if paths is None:  # a model stage
+        paths = [f"{layout.model(stage)}/{dirs.POINTER}" if is_remote(layout.root) else
+                 os.path.join(layout.model(stage), "config.json")]
+    fs, _ = filesystem(paths[0])
+    return all(fs.exists(filesystem(p)[1]) for p in paths)
+
+
 STAGES = {"base": base, "problems": problems, "sft": sft, "mine": mine, "evaluate": evaluate}
 
 

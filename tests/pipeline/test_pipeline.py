@@ -230,3 +230,17 @@ def test_lineage_command_prints_the_chain(finished_local):
               if line.strip() and not line.startswith("       ")]
     assert stages[:5] == ["base", "sft", "rl1", "rl2", "rl3"]
     assert "evaluation run" in result.output and outs["mine"]["problems_digest"] in result.output
+
+
+def test_a_cached_stage_whose_outputs_were_deleted_runs_again(finished_local):
+    import shutil
+
+    from flows.pipeline import pipeline
+
+    path, _, outs = finished_local
+    recipe = load_recipe(path)
+    shutil.rmtree(os.path.join(recipe.storage_root, "models", "rl3"))
+    state = pipeline(path, return_state=True)
+    states = _task_states(state.state_details.flow_run_id)
+    assert states["rl3"] == ["Completed"] and states["rl2"] == ["Cached"] and states["mine"] == ["Cached"]
+    assert os.path.exists(os.path.join(recipe.storage_root, "models", "rl3", "config.json"))
