@@ -13,7 +13,7 @@ from prefect import flow, get_run_logger
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.stages import Layout
 from rstar.tracking import mlflow_log as ml
-from tasks.stage import run_stage
+from tasks.stage import submit
 
 
 def _model_inputs(out: dict) -> dict:
@@ -28,12 +28,11 @@ def pipeline(config: str = "configs/tiny.yaml", overrides: dict | None = None) -
     parent = ml.start_run(uri, recipe.tracking.experiment, f"pipeline:{recipe.name}",
                           params=recipe.model_dump(mode="json"),
                           tags={ml.PIPELINE: "root", "rstar.recipe_digest": recipe.digest(), "rstar.config": config})
-    stage = run_stage.with_options(retries=recipe.retries.count, retry_delay_seconds=recipe.retries.delay_s)
     try:
         outs: dict[str, dict] = {}
 
         def run(name: str, inputs: dict) -> dict:
-            outs[name] = stage(name, recipe, inputs, parent)
+            outs[name] = submit(name, recipe, inputs, parent)
             return outs[name]
 
         run("base", {})

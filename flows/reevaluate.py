@@ -14,7 +14,7 @@ from prefect import flow, get_run_logger
 from rstar.pipeline.config import load_recipe
 from rstar.tracking import mlflow_log as ml
 from rstar.tracking.digest import digest
-from tasks.stage import run_stage
+from tasks.stage import submit
 
 
 def resolve_versions(uri: str, model_name: str, versions: list[str]) -> dict[str, str]:
@@ -41,13 +41,12 @@ def reevaluate(config: str = "configs/tiny.yaml", versions: list[str] | None = N
     sources = resolve_versions(uri, recipe.tracking.registered_model, versions or ["latest"])
     parent = ml.start_run(uri, recipe.tracking.experiment, f"reevaluate:{recipe.name}",
                           tags={ml.PIPELINE: "reevaluate"}, params={"versions": sorted(sources)})
-    stage = run_stage.with_options(retries=recipe.retries.count, retry_delay_seconds=recipe.retries.delay_s)
     try:
         if problems is None:
-            data = stage("problems", recipe, {}, parent)  # cached when the pipeline already made it
+            data = submit("problems", recipe, {}, parent)  # cached when the pipeline already made it
             problems = data["eval"]
         names = {v: v.replace("/", "-v") for v in sources}
-        out = stage("evaluate", recipe, {
+        out = submit("evaluate", recipe, {
             "models": {names[v]: src for v, src in sources.items()},
             "versions": {names[v]: v for v in sources},
             "problems": problems, "problems_digest": digest(problems),

@@ -7,7 +7,6 @@ digests, so re-running a finished pipeline serves every stage from cache.
 """
 from __future__ import annotations
 
-import time
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -18,15 +17,8 @@ from rstar.pipeline.stages import Layout, outputs_exist, summary_markdown
 from rstar.tracking import mlflow_log as ml
 
 
-def _cache_key(ctx, params: dict) -> str:
-    """The stage's recipe section and input digests; a stage whose outputs were deleted since
-    gets a fresh key, so it runs again instead of returning URIs of missing files."""
-    recipe, stage, inputs = params["recipe"], params["stage"], params["inputs"]
-    key = recipe.cache_key(stage, inputs)
-    return key if outputs_exist(recipe, stage, inputs) else f"{key}-missing-{time.time_ns()}"
-
-
-@task(name="stage", task_run_name="{stage}", persist_result=True, cache_key_fn=_cache_key)
+@task(name="stage", task_run_name="{stage}", persist_result=True,
+      cache_key_fn=lambda ctx, params: params["recipe"].cache_key(params["stage"], params["inputs"]))
 def run_stage(stage: str, recipe: Recipe, inputs: dict, parent_run_id: str) -> dict:
     log = get_run_logger()
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)
@@ -55,3 +47,11 @@ def run_stage(stage: str, recipe: Recipe, inputs: dict, parent_run_id: str) -> d
     create_markdown_artifact(summary_markdown(stage, out, links), key=f"{recipe.name}-{stage}".lower().replace("_", "-"),
                              description=f"{stage} summary")
     return out
+
+
+def submit(stage: str, recipe: Recipe, inputs: dict, parent_run_id: str) -> dict:
+    """Run a stage with the recipe's retries. A cached result is reused only while the
+    stage's outputs are still in storage; otherwise the stage runs again and refreshes it."""
+    task_ = run_stage.with_options(retries=recipe.retries.count, retry_delay_seconds=recipe.retries.delay_s,
+                                   refresh_cache=not outputs_exist(recipe, stage, inputs))
+    return task_(stage, recipe, inputs, parent_run_id)

@@ -173,11 +173,13 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
         return _rl_verl(recipe, layout, inputs, log, cfg)
     work = layout.work(stage)
     ckpt_uri = f"{layout.root}/work/{stage}/checkpoint"
-    if is_remote(layout.root) and not os.path.exists(os.path.join(work, "checkpoint")):
-        pulled = dirs.pull(ckpt_uri)  # resume on a fresh machine from the pushed checkpoint
+    if is_remote(layout.root):
+        # For a remote root the local directory is scratch: resume only from what storage
+        # holds (pushed every step), never from whatever an older run left on this machine.
+        shutil.rmtree(work, ignore_errors=True)
+        pulled = dirs.pull(ckpt_uri)
         if pulled:
-            os.makedirs(work, exist_ok=True)
-            os.rename(pulled, os.path.join(work, "checkpoint"))
+            shutil.copytree(pulled, os.path.join(work, "checkpoint"))
     init = dirs.pull(inputs["model"])
     cfg = replace(cfg, init_from=init, prompt_style=recipe.prompt_style)
     rows = read_table(inputs["problems"], ("problems", "hard_problems")).to_pylist()

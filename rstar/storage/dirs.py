@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import uuid
 
 from rstar.storage import atomic_write_text, filesystem, is_remote
 
@@ -38,7 +39,8 @@ def push(uri: str) -> None:
         for name in files:
             rel = os.path.relpath(os.path.join(dirpath, name), src)
             fs.put_file(os.path.join(dirpath, name), f"{root}/{version}/{rel}")
-    atomic_write_text(f"{uri}/{POINTER}", json.dumps({"version": int(version[1:]), "dir": version}))
+    atomic_write_text(f"{uri}/{POINTER}", json.dumps({"version": int(version[1:]), "dir": version,
+                                                      "id": uuid.uuid4().hex}))
     if pointer:  # the old version is unreachable now
         fs.rm(f"{root}/{pointer['dir']}", recursive=True)
 
@@ -52,13 +54,15 @@ def pull(uri: str) -> str | None:
     if pointer is None:
         return None
     dst = local_dir(uri)
+    # The mirror is reused only if it holds exactly the published version (a random id per
+    # push, so a mirror left by an older run of the same URI never passes for this one).
     marker = os.path.join(dst, ".rstar-version")
-    if os.path.exists(marker) and open(marker).read() == pointer["dir"]:
+    if os.path.exists(marker) and open(marker).read() == pointer["id"]:
         return dst
     shutil.rmtree(dst, ignore_errors=True)
     fs.get(f"{root}/{pointer['dir']}/", dst + "/", recursive=True)
     with open(marker, "w") as f:
-        f.write(pointer["dir"])
+        f.write(pointer["id"])
     return dst
 
 

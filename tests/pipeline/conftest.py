@@ -36,6 +36,18 @@ def write_recipe(directory, name: str, storage_root: str) -> str:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_mirror_cache(tmp_path_factory):
+    """Local mirrors of remote storage in this session's own directory."""
+    saved = os.environ.get("RSTAR_CACHE")
+    os.environ["RSTAR_CACHE"] = str(tmp_path_factory.mktemp("rstar-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("RSTAR_CACHE")
+    else:
+        os.environ["RSTAR_CACHE"] = saved
+
+
 @pytest.fixture(scope="session")
 def prefect_api():
     """A Prefect API server on loopback (Prefect's own test harness), for this session."""

@@ -18,6 +18,16 @@ from tests.pipeline.conftest import write_recipe
 STAGES = ["base", "problems", "sft", "rl1", "rl2", "mine", "rl3", "evaluate"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _own_ray():
+    """The flows start a local Ray in this process; stop it after this module so later tests
+    can start their own."""
+    yield
+    import ray
+
+    ray.shutdown()
+
+
 def _task_states(flow_run_id) -> dict[str, list[str]]:
     """{task name: [state names of its runs]} for one flow run, from the Prefect API."""
     import asyncio
