@@ -147,7 +147,7 @@ def test_pipeline_on_s3(prefect_api, s3, tmp_path):
     for stage in ["base", "sft", "rl1", "rl2", "rl3"]:
         assert outs[stage]["model"].startswith(f"{s3}/pipeline/models/")
     fs, _ = filesystem(s3)
-    assert fs.exists(f"rstar-test/pipeline/models/rl3/latest.json")
+    assert fs.exists("rstar-test/pipeline/models/rl3/latest.json")
     _check_trajectories(recipe, outs)
     lin = lineage(recipe.tracking.tracking_uri, outs["rl3"]["model_version"])
     assert [link.source for link in lin.chain][-1] == f"{s3}/pipeline/models/rl3"
