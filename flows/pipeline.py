@@ -1,12 +1,10 @@
 """The training pipeline: base model -> problems -> SFT -> RL stage 1 -> RL stage 2 -> mine
 hard -> RL stage 3 -> evaluation, one retryable, cached Prefect task per stage.
 
-    python -m flows.pipeline --config configs/tiny.yaml
+    rstar pipeline run --config configs/tiny.yaml --set rl.0.steps=2
 """
 from __future__ import annotations
 
-import argparse
-import yaml
 
 from prefect import flow, get_run_logger
 
@@ -65,23 +63,9 @@ def pipeline(config: str = "configs/tiny.yaml", overrides: dict | None = None) -
 
 def _where_to_look(recipe, uri: str, parent: str, outs: dict) -> None:
     log = get_run_logger()
-    db = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
     log.info("\n%s\n", outs["evaluate"]["table"])
     log.info("storage: %s", Layout(recipe.storage_root).root)
-    log.info("MLflow parent run %s; UI: mlflow ui --backend-store-uri %s", parent, uri if not db else f"sqlite:///{db}")
+    log.info("MLflow parent run %s; UI: mlflow ui --backend-store-uri %s", parent, uri)
     log.info("Prefect UI: prefect server start (then open http://127.0.0.1:4200)")
     log.info("lineage of the final model: rstar lineage %s --config <recipe>", outs[recipe.rl[-1].name]["model_version"])
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe value, e.g. --set rl.0.steps=2")
-    args = parser.parse_args()
-    overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
-    pipeline(args.config, overrides)
-
-
-if __name__ == "__main__":
-    main()

@@ -2,11 +2,10 @@
 problems file) and attach the results to each version's lineage (the evaluation run is tagged
 `rstar.evaluates.<name/version>`, which `rstar lineage` reads).
 
-    python -m flows.reevaluate --config configs/tiny.yaml --version rstar-tiny/5
+    rstar pipeline reevaluate --config configs/tiny.yaml --version rstar-tiny/5
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 from prefect import flow, get_run_logger
@@ -58,15 +57,3 @@ def reevaluate(config: str = "configs/tiny.yaml", versions: list[str] | None = N
     get_run_logger().info("\n%s", out["table"])
     return out
 
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/tiny.yaml")
-    parser.add_argument("--version", action="append", default=[], help="NAME/VERSION or 'latest' (repeatable)")
-    parser.add_argument("--problems", default=None, help="a problems-schema Parquet file (default: held-out set)")
-    args = parser.parse_args()
-    reevaluate(args.config, args.version or None, args.problems)
-
-
-if __name__ == "__main__":
-    main()

@@ -7,7 +7,6 @@ digests, so re-running a finished pipeline serves every stage from cache.
 """
 from __future__ import annotations
 
-
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 

@@ -16,6 +16,7 @@ import json
 import random
 import sys
 
+from rstar.data import check_names
 from rstar.data.io import DataError
 from rstar.sandbox.result import ExecResult, Status
 
@@ -152,9 +153,7 @@ TASKS = {"reverse": _reverse, "count_letter": _count_letter, "sort_words": _sort
 def generate(n: int, *, seed: int = 0, tasks: list[str] | None = None) -> list[dict]:
     """`n` examples, rows of the sft schema, deterministic in `seed`, cycling through `tasks`
     (names of TASKS; all by default)."""
-    unknown = sorted(set(tasks or ()) - set(TASKS))
-    if unknown:
-        raise ValueError(f"unknown SFT task(s) {unknown}; known: {sorted(TASKS)}")
+    check_names("SFT task(s)", tasks, TASKS)
     makers = [TASKS[t] for t in (tasks or TASKS)]
     rng = random.Random(seed)
     rows = []

@@ -12,6 +12,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rstar.data import check_names
+
 
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
@@ -172,6 +174,7 @@ FAMILY = {f.name: f for f in FAMILIES}
 def generate(n: int, *, seed: int = 0, levels: tuple[int, ...] = (1, 2, 3), families: list[str] | None = None,
              prefix: str = "synth") -> list[dict]:
     """`n` problems (rows of the problems schema), cycling through families and levels."""
+    check_names("families", families, FAMILY)
     chosen = [FAMILY[f] for f in families] if families else FAMILIES
     rng = random.Random(seed)
     rows = []

@@ -24,8 +24,12 @@ RECIPE_STAGES = ("sft", "rl1", "rl2", "mine", "rl3")
 
 def _stage_seconds(recipe, outs: dict) -> dict[str, float]:
     c = ml.client(recipe.tracking.tracking_uri)
-    return {s: (lambda r: (r.info.end_time - r.info.start_time) / 1000)(c.get_run(outs[s]["mlflow_run_id"]))
-            for s in outs if "mlflow_run_id" in outs[s]}
+    seconds = {}
+    for stage, out in outs.items():
+        if "mlflow_run_id" in out:
+            info = c.get_run(out["mlflow_run_id"]).info
+            seconds[stage] = (info.end_time - info.start_time) / 1000
+    return seconds
 
 
 def _accuracy(summary: dict) -> float:

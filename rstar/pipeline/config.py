@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rstar.agent.format import STYLES
+from rstar.data import check_names
 from rstar.data import sft as sft_data
 from rstar.data.curate import SourceSpec
 from rstar.data import synth
@@ -39,9 +40,7 @@ class Synthetic(_Strict):
 
     @model_validator(mode="after")
     def _known(self):
-        unknown = sorted(set(self.families or ()) - set(synth.FAMILY))
-        if unknown:
-            raise ValueError(f"unknown families {unknown}; known: {sorted(synth.FAMILY)}")
+        check_names("families", self.families, synth.FAMILY)
         return self
 
 
@@ -88,9 +87,7 @@ class SFTSection(_Strict):
 
     @model_validator(mode="after")
     def _known(self):
-        unknown = sorted(set(self.tasks or ()) - set(sft_data.TASKS))
-        if unknown:
-            raise ValueError(f"unknown SFT tasks {unknown}; known: {sorted(sft_data.TASKS)}")
+        check_names("SFT task(s)", self.tasks, sft_data.TASKS)
         return self
 
 

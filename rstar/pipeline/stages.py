@@ -120,21 +120,22 @@ def problems(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     for name in ("eval", "train"):  # eval first: training problems are decontaminated against it
         spec = recipe.eval_problems if name == "eval" else recipe.train_problems
         path = layout.dataset(f"{name}_problems")
+        held_out = [r["problem"] for r in read_table(out["eval"], "problems").to_pylist()] if name == "train" else []
         if spec.synthetic:
             s = spec.synthetic
             rows = synth.generate(s.n, seed=s.seed, levels=tuple(s.levels), families=s.families, prefix=name)
-            if name == "train":
-                held_out = {r["problem"] for r in read_table(out["eval"], "problems").to_pylist()}
-                rows = [r for r in rows if r["problem"] not in held_out]
+            excluded = set(held_out)
+            rows = [r for r in rows if r["problem"] not in excluded]
             write_table(rows, path, "problems")
+            kept = len(rows)
         else:
-            held_out = [r["problem"] for r in read_table(out["eval"], "problems").to_pylist()] if name == "train" else []
             report = curate([SourceSpec.parse(f) for f in spec.files], path, layout.dataset(f"{name}_rejects"),
                             eval_problems=held_out)
             write_report(report, layout.reports(f"curation_{name}.json"))
+            kept = report.kept
         out[name] = path
         out[f"{name}_digest"] = digest(path)
-        out[f"{name}_rows"] = read_table(path, "problems").num_rows
+        out[f"{name}_rows"] = kept
     log.dataset(out["train"], "train_problems", out["train_digest"], context="output")
     log.dataset(out["eval"], "eval_problems", out["eval_digest"], context="output")
     return {**out, "metrics": {"train_problems": out["train_rows"], "eval_problems": out["eval_rows"]}}
@@ -162,8 +163,6 @@ def sft(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
 def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict:
     """One GRPO-RoC stage, resumable: an interrupted run continues from its last checkpoint
     (in the stage's working directory, or the one last pushed to remote storage)."""
-    from transformers import AutoTokenizer
-
     from rstar.data.io import read_table
     from rstar.sandbox.service import embedded_sandbox
     from rstar.train.rl import RLTrainer
@@ -184,16 +183,14 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
     cfg = replace(cfg, init_from=init, prompt_style=recipe.prompt_style)
     rows = read_table(inputs["problems"], ("problems", "hard_problems")).to_pylist()
     log.dataset(inputs["problems"], "rl_problems", inputs.get("problems_digest"), context="training")
-    model, _ = _load(inputs["model"])
-    tok = AutoTokenizer.from_pretrained(init)
+    model, tok = _load(inputs["model"])
 
     def on_step(step: int, metrics: dict) -> None:
         log.metrics(step, metrics, prefix=f"{stage}/")
         print(f"[{stage}] step {step}/{cfg.steps} accuracy {metrics['accuracy']:.3f} tool errors "
               f"{metrics['tool_error_rate']:.3f} (in kept correct {metrics['tool_error_rate_positive_kept']:.3f}) "
               f"length {metrics['response_len_mean']:.0f}", flush=True)
-        if is_remote(layout.root):
-            _push_checkpoint(work, ckpt_uri)
+        dirs.push(ckpt_uri, os.path.join(work, "checkpoint"))  # for a remote root: a new version
 
     async def main():
         async with embedded_sandbox() as sb:
@@ -238,14 +235,6 @@ def _rl_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg) -> dict:
                    check=True)
     final = _publish(layout.model(cfg.name), lambda tmp: shutil.copytree(merged, tmp))
     return _model_output(final, cfg.name, {})
-
-
-def _push_checkpoint(work: str, uri: str) -> None:
-    """Mirror the trainer's local checkpoint to remote storage (a new version, then the pointer)."""
-    mirror = dirs.local_dir(uri)
-    shutil.rmtree(mirror, ignore_errors=True)
-    shutil.copytree(os.path.join(work, "checkpoint"), mirror)
-    dirs.push(uri)
 
 
 def mine(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:

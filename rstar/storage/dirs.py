@@ -27,14 +27,14 @@ def local_dir(uri: str) -> str:
     return os.path.join(cache, "mirror", hashlib.sha256(uri.encode()).hexdigest()[:24])
 
 
-def push(uri: str) -> None:
-    """Publish `local_dir(uri)` at `uri` (nothing to do for a local root)."""
+def push(uri: str, src: str | None = None) -> None:
+    """Publish `src` (default `local_dir(uri)`) at `uri` (nothing to do for a local root)."""
     if not is_remote(uri):
         return
     fs, root = filesystem(uri)
     pointer = _pointer(fs, root)
     version = f"v{(pointer['version'] + 1) if pointer else 1:06d}"
-    src = local_dir(uri)
+    src = src or local_dir(uri)
     for dirpath, _, files in os.walk(src):
         for name in files:
             rel = os.path.relpath(os.path.join(dirpath, name), src)

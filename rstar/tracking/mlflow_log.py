@@ -36,17 +36,13 @@ def _key(name: str) -> str:
 
 
 def flatten(tree, prefix: str = "") -> dict[str, str]:
-    if isinstance(tree, dict):
-        out = {}
-        for k, v in tree.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    if isinstance(tree, list):
-        out = {}
-        for i, v in enumerate(tree):
-            out.update(flatten(v, f"{prefix}{i}."))
-        return out
-    return {prefix[:-1]: str(tree)[:6000]}
+    """{"rl.0.steps": "12", ...}: nested dicts and lists as dotted keys, values as MLflow params."""
+    if not isinstance(tree, (dict, list)):
+        return {prefix[:-1]: str(tree)[:6000]}
+    out = {}
+    for k, v in (tree.items() if isinstance(tree, dict) else enumerate(tree)):
+        out.update(flatten(v, f"{prefix}{k}."))
+    return out
 
 
 def start_run(tracking_uri: str, experiment: str, name: str, *, parent: str | None = None,

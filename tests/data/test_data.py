@@ -198,3 +198,12 @@ def test_write_is_atomic_and_schemas_documented(tmp_path):
         assert f"## {name}" in doc
         for field in sch.names:
             assert f"| {field} |" in doc, (name, field)
+
+
+def test_unknown_synthetic_families_are_named():
+    import pytest as _pytest
+
+    from rstar.data import synth
+
+    with _pytest.raises(ValueError, match=r"unknown families \['nope'\]; known: \['arrangements'"):
+        synth.generate(3, families=["big_power", "nope"])
