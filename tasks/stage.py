@@ -43,9 +43,14 @@ def run_stage(stage: str, recipe: Recipe, inputs: dict, parent_run_id: str) -> d
     links = {"MLflow run": f"{uri} run {run_id}", "storage root": Layout(recipe.storage_root).root}
     links.update({k: out[k] for k in ("model", "model_version", "trajectories", "report", "problems", "train", "eval")
                   if k in out})
-    create_markdown_artifact(summary_markdown(stage, out, links), key=f"{recipe.name}-{stage}".lower().replace("_", "-"),
+    create_markdown_artifact(summary_markdown(stage, out, links), key=artifact_key(recipe.name, stage),
                              description=f"{stage} summary")
     return out
+
+
+def artifact_key(pipeline: str, stage: str) -> str:
+    """The stage's Prefect artifact key (keys allow lowercase letters, digits and dashes)."""
+    return f"{pipeline}-{stage}".lower().replace("_", "-")
 
 
 def submit(stage: str, recipe: Recipe, inputs: dict, parent_run_id: str) -> dict:

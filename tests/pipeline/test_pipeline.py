@@ -13,6 +13,7 @@ from rstar.pipeline.config import load_recipe
 from rstar.storage import filesystem
 from rstar.tracking import mlflow_log as ml
 from rstar.tracking.lineage import lineage
+from tasks.stage import artifact_key
 from tests.pipeline.conftest import write_recipe
 
 STAGES = ["base", "problems", "sft", "rl1", "rl2", "mine", "rl3", "evaluate"]
@@ -28,8 +29,11 @@ def _own_ray():
     ray.shutdown()
 
 
-def _task_states(flow_run_id) -> dict[str, list[str]]:
-    """{task name: [state names of its runs]} for one flow run, from the Prefect API."""
+def _task_states(flow_run_id, expect=STAGES, timeout_s: float = 60) -> dict[str, list[str]]:
+    """{task name: [state names of its runs]} for one flow run, from the Prefect API.
+
+    Prefect records task runs from events in the background, so the last ones can reach the
+    API after the flow returns: poll until every expected task shows a final state."""
     import asyncio
 
     from prefect.client.orchestration import get_client
@@ -37,13 +41,32 @@ def _task_states(flow_run_id) -> dict[str, list[str]]:
 
     async def read():
         async with get_client() as client:
-            runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-            return runs
+            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
 
-    out: dict[str, list[str]] = {}
-    for r in asyncio.run(read()):
-        out.setdefault(r.name, []).append(r.state.name)
-    return out
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = asyncio.run(read())
+        out: dict[str, list[str]] = {}
+        for r in runs:
+            out.setdefault(r.name, []).append(r.state.name)
+        if (set(out) == set(expect) and all(r.state.is_final() for r in runs)) or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)
+
+
+def _artifacts(flow_run_id) -> dict[str, str]:
+    """{artifact key: markdown} of one flow run's artifacts, from the Prefect API."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+    return {a.key: a.data for a in asyncio.run(read())}
 
 
 def _wait_for_deployment(name: str, timeout_s: float = 180) -> None:
@@ -121,6 +144,10 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     report = outs["evaluate"]["report"]
     assert {"report.md", "report.html", "accuracy.png", "summary.json"} <= set(os.listdir(report))
     assert list(outs["evaluate"]["summaries"]) == ["sft", "rl1", "rl2", "rl3"]  # SFT and each stage side by side
+    artifacts = _artifacts(state.state_details.flow_run_id)     # one markdown summary per stage in the UI
+    assert set(artifacts) == {artifact_key(recipe.name, s) for s in STAGES}
+    assert outs["rl3"]["model_version"] in artifacts[artifact_key(recipe.name, "rl3")]
+    assert "| rl3 avg@1" in artifacts[artifact_key(recipe.name, "evaluate")]
 
 
 def test_rerunning_a_finished_pipeline_serves_every_stage_from_cache(finished_local):
