@@ -128,7 +128,9 @@ def _stdin_echo(rng):
 def _calc(rng):
     a, b, c, d = rng.randint(2, 999), rng.randint(2, 99), rng.randint(2, 19), rng.randint(2, 25)
     expr = rng.choice([f"{a}+{b}", f"{a}-{b}", f"{a}*{b}", f"{a}//{b}", f"{a}%{b}", f"{c}**{d}", f"({a}+{b})*{c}"])
-    return "calc", _with_tool(f"Use Python to evaluate {expr}.", "I will print the value of the expression.",
+    ask = rng.choice(["Use Python to evaluate {}.", "Calculate {} with the tool.", "What does Python print for {}?",
+                      "Run {} in Python and report the value.", "Please compute {} exactly, using code."])
+    return "calc", _with_tool(ask.format(expr), "I will print the value of the expression.",
                               f"print({expr})", "The tool printed the value.", eval(expr))  # noqa: S307 - generated
 
 

@@ -64,9 +64,10 @@ class BaseModelSpec(_Strict):
     hidden: int = 192
     layers: int = 4
     number_tokens: bool = False   # numbers read as 3-digit tokens (see rstar.model.tiny.build_tokenizer)
-    pretrain_steps: int = 2000
-    pretrain_lr: float = 1e-3
-    pretrain_batch: int = 32
+    pretrain_steps: int = 1500
+    pretrain_lr: float = 2e-3
+    pretrain_batch: int = 16      # rows of pretrain_seq_len packed tokens
+    pretrain_seq_len: int = 192
     seed: int = 0
 
     @model_validator(mode="after")

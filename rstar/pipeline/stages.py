@@ -102,7 +102,7 @@ def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     tok = build_tokenizer(seed=spec.seed, number_tokens=spec.number_tokens)
     model = build_model(tok, hidden=spec.hidden, layers=spec.layers, intermediate=3 * spec.hidden, seed=spec.seed)
     history = pretrain(model, tok, PretrainConfig(steps=spec.pretrain_steps, batch_size=spec.pretrain_batch,
-                                                  lr=spec.pretrain_lr, seed=spec.seed),
+                                                  seq_len=spec.pretrain_seq_len, lr=spec.pretrain_lr, seed=spec.seed),
                        on_step=lambda s, m: _progress(log, "pretrain", s, spec.pretrain_steps, m))
     return _model_output(_save(model, tok, layout.model("base")), "base",
                          {"pretrain_loss": history[-1]["loss"] if history else None,

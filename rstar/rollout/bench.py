@@ -135,13 +135,15 @@ def run_scheduler_benchmark(model_dir: str, out: str, rollouts_per_replica: int 
                   f"balanced {real['balanced']:.1f}s")
     doc = [
         "## Rollout scheduling (`rstar rollout bench-scheduler`)", "",
-        f"Measured {time.strftime('%Y-%m-%d')}. Workload: {rollouts_per_replica} rollouts per replica, response "
-        "lengths log-normal (median 2.5K) clipped to 1K-12K tokens, 1-6 turns, tool waits uniform in 0.05-2 s, "
+        f"Measured {time.strftime('%Y-%m-%d')}. Workload: {rollouts_per_replica} rollouts per replica in groups "
+        "of 16 samples per prompt, stored contiguously as verl stores them; response length depends on the "
+        "problem: each prompt draws a median (log-normal around 2.5K, sigma 0.6), its samples vary around it "
+        "(sigma 0.45), clipped to 1K-12K tokens; 1-6 turns, tool waits uniform in 0.05-2 s, "
         "tool responses of 120 tokens. Replica model: a decode step costs a + c x batch seconds, prefill a fixed "
         f"time per token. Measured on the local engine here: a = {local.a * 1e3:.2f} ms, c = {local.c * 1e3:.3f} "
         f"ms, prefill {local.prefill_s_per_token * 1e6:.1f} us/token (KV capacity set to 24 worst-case rollouts). "
         "The GPU-like profile is an assumption (25 ms + 0.1 ms x batch, 100 us/token prefill, 320K KV tokens), "
-        "not a measurement. Static: rollouts split equally up front, each replica admits while current contexts "
+        "not a measurement. Static (the public release's split): the batch cut into equal contiguous chunks up front (verl's AgentLoopManager), each replica admits while current contexts "
         "fit and evicts (then recomputes) the newest on overflow, as vLLM does. Balanced: one shared queue, each "
         "request placed on the replica with the most free KV, reserving its context plus a 1,024-token generation "
         "chunk (zero over-commit by construction; a turn continues in further chunks, preferring the same "

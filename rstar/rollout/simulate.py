@@ -4,7 +4,7 @@ split with the KV-aware balanced scheduler at scales this machine cannot run.
 A replica decodes in steps: one token for each active request per step, a step taking
 `a + c * batch` seconds (calibrated from real timings of the local engine), plus prefill
 at `prefill_s_per_token`. Its KV cache holds `capacity` tokens. Static: each replica takes
-its equal share of rollouts at once; when their contexts outgrow the cache the newest
+its equal contiguous share of rollouts at once (whole prompt groups, as in verl); when their contexts outgrow the cache the newest
 request is evicted and must recompute its context later (what vLLM does under
 over-commit). Balanced: `scheduler.choose_replica` places each turn from one shared queue
 with a worst-case reservation, so there are no evictions; tool waits hold no reservation.
@@ -28,11 +28,17 @@ class Workload:
     max_response: int = 12_288
 
     @classmethod
-    def long_tail(cls, rollouts: int, seed: int = 0, lo: int = 1024, hi: int = 12_288) -> "Workload":
+    def long_tail(cls, rollouts: int, seed: int = 0, lo: int = 1024, hi: int = 12_288, group: int = 16,
+                  prompt_sigma: float = 0.6, sample_sigma: float = 0.45) -> "Workload":
+        """Rollouts in groups of `group` samples of one prompt, stored contiguously as verl
+        stores them (`repeat(interleave=True)`). Length depends on the problem: each prompt draws
+        a median length (log-normal around 2.5K), its samples vary around it; clipped to lo-hi."""
         rng = random.Random(seed)
         turns = []
-        for _ in range(rollouts):
-            total = int(min(hi, max(lo, rng.lognormvariate(math.log(2500), 0.75))))
+        for i in range(rollouts):
+            if i % group == 0:
+                median = rng.lognormvariate(math.log(2500), prompt_sigma)
+            total = int(min(hi, max(lo, rng.lognormvariate(math.log(median), sample_sigma))))
             k = rng.randint(1, 6)
             cuts = sorted(rng.sample(range(1, total), k - 1)) if k > 1 else []
             sizes = [b - a for a, b in zip([0] + cuts, cuts + [total])]
@@ -145,7 +151,8 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
 
     def submit(req: _Req, now: float) -> None:
         if policy == "static":
-            i = home.setdefault(req.rollout, req.rollout % replicas)
+            # contiguous equal chunks, as verl's AgentLoopManager splits a batch (DataProto.chunk)
+            i = home.setdefault(req.rollout, req.rollout * replicas // len(work.turns))
             reps[i].waiting.append(req)
             kick(i, now)
         else:

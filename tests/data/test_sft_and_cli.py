@@ -128,8 +128,9 @@ def test_sft_task_selection_and_calc_examples_are_right():
     for r in rows:
         if r["task"] == "calc":
             msgs = json.loads(r["messages"])
-            expr = msgs[0]["content"].removeprefix("Use Python to evaluate ").removesuffix(".")
-            assert msgs[1]["tool_calls"][0]["arguments"]["code"] == f"print({expr})"
+            code = msgs[1]["tool_calls"][0]["arguments"]["code"]
+            expr = code.removeprefix("print(").removesuffix(")")
+            assert code == f"print({expr})" and expr in msgs[0]["content"]
             assert msgs[2]["content"].strip() == str(eval(expr))
             assert f"\\boxed{{{eval(expr)}}}" in msgs[3]["content"]
     with _pytest.raises(ValueError, match=r"unknown SFT task\(s\) \['nope'\]"):

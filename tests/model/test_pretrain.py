@@ -3,7 +3,7 @@ and a loss that actually falls."""
 import random
 
 from rstar.data import synth
-from rstar.model.pretrain import PretrainConfig, document, pretrain
+from rstar.model.pretrain import PretrainConfig, document, packed_batch, pretrain
 from rstar.model.tiny import build_model
 
 
@@ -13,11 +13,22 @@ def test_documents_never_contain_an_rl_problem_or_its_phrasing():
     problems = synth.generate(300, levels=(1, 2, 3))
     stems = {p["problem"][:25] for p in problems}
     assert not any(stem in d for d in docs for stem in stems)
+    assert not any("<tool_call>" in d or "\\boxed" in d for d in docs)   # the format is SFT's to teach
     assert any("**" in d for d in docs) and any("<|im_start|>assistant" in d for d in docs)
+
+
+def test_packed_rows_are_full_and_made_of_whole_documents(tokenizer):
+    rows = packed_batch(random.Random(0), tokenizer, rows=3, seq_len=48)
+    assert rows.shape == (3, 48)
+    rng = random.Random(0)
+    expected = []
+    while len(expected) < 48:
+        expected += tokenizer.encode(document(rng), add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert rows[0].tolist() == expected[:48]  # whole documents in order, each ended by EOS, cut at the end
 
 
 def test_pretraining_lowers_the_loss(tokenizer):
     model = build_model(tokenizer, hidden=32, layers=1, intermediate=64)
-    history = pretrain(model, tokenizer, PretrainConfig(steps=40, batch_size=8, lr=3e-3, warmup_steps=5))
+    history = pretrain(model, tokenizer, PretrainConfig(steps=40, batch_size=8, seq_len=64, lr=3e-3, warmup_steps=5))
     first, last = sum(h["loss"] for h in history[:5]) / 5, sum(h["loss"] for h in history[-5:]) / 5
     assert last < first - 1.0

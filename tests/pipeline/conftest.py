@@ -10,7 +10,7 @@ import yaml
 import flows  # noqa: F401 - sets the Prefect/Ray environment defaults before Prefect loads
 
 SMALL = {
-    "base.hidden": 32, "base.layers": 1, "base.pretrain_steps": 3, "base.pretrain_batch": 4,
+    "base.hidden": 32, "base.layers": 1, "base.pretrain_steps": 3, "base.pretrain_batch": 4, "base.pretrain_seq_len": 32,
     "train_problems.synthetic.n": 12, "eval_problems.synthetic.n": 3,
     "sft.examples": 8, "sft.train.batch_size": 4, "sft.train.micro_batch_size": 4,
     "rl.0.steps": 3, "rl.1.steps": 1, "rl.2.steps": 1,
