@@ -1,4 +1,4 @@
-"""`rstar rollout bench-scheduler`: static split vs KV-aware balanced scheduling.
+"""`rstar bench-scheduler`: static split vs KV-aware balanced scheduling.
 
 1. Calibrate a replica model from real timings of the local engine (decode step time as a
    function of batch size, prefill time per token), and use a GPU-like profile beside it.
@@ -134,7 +134,7 @@ def run_scheduler_benchmark(model_dir: str, out: str, rollouts_per_replica: int 
     console.print(f"real run, 2 Ray replicas, {real_rollouts} rollouts: static {real['static']:.1f}s, "
                   f"balanced {real['balanced']:.1f}s")
     doc = [
-        "## Rollout scheduling (`rstar rollout bench-scheduler`)", "",
+        "## Rollout scheduling (`rstar bench-scheduler`)", "",
         f"Measured {time.strftime('%Y-%m-%d')}. Workload: {rollouts_per_replica} rollouts per replica in groups "
         "of 16 samples per prompt, stored contiguously as verl stores them; response length depends on the "
         "problem: each prompt draws a median (log-normal around 2.5K, sigma 0.6), its samples vary around it "
@@ -156,7 +156,7 @@ def run_scheduler_benchmark(model_dir: str, out: str, rollouts_per_replica: int 
         "Targets (issue: balanced >= 1.5x faster than static and within 15% of the bound, zero evictions): "
         "zero evictions holds by construction in every row; the speed-up and bound targets are read off the "
         "table above.", "",
-        "Reproduce: `.venv/bin/rstar rollout bench-scheduler --model <tiny model dir>` "
+        "Reproduce: `.venv/bin/rstar bench-scheduler --model <tiny model dir>` "
         "(build one with `rstar.model.tiny.build_tiny`).",
     ]
     write_section(out, "scheduler", "\n".join(doc))
