@@ -5,7 +5,6 @@ hard -> RL stage 3 -> evaluation, one retryable, cached Prefect task per stage.
 """
 from __future__ import annotations
 
-
 from prefect import flow, get_run_logger
 
 from rstar.pipeline.config import load_recipe

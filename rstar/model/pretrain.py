@@ -56,6 +56,13 @@ def _expression(rng: random.Random) -> tuple[str, str]:
                        (f"{c}^{{{d}}} \\bmod {m}", f"pow({c}, {d}, {m})")])
 
 
+def _chat_copy(rng: random.Random, said: str, reply: str) -> str:
+    """A chat turn mentioning `said` among filler, answered with `reply` after a gap of filler
+    of any length up to ~30 tokens, so copying does not depend on one template or distance."""
+    return (f"{IM_START}user\n{_filler(rng)} {said} {_filler(rng)}{IM_END}\n{IM_START}assistant\n"
+            f"{_filler(rng, 25)} {reply}{IM_END}")
+
+
 def document(rng: random.Random) -> str:
     """One generated pretraining document (see the module docstring)."""
     kind = rng.randrange(6)
@@ -65,16 +72,12 @@ def document(rng: random.Random) -> str:
     if kind == 1:
         xs = " ".join(_number(rng) for _ in range(rng.randint(1, 3)))
         return f"Repeat: {xs}. Again: {xs}."
-    # copying across a chat turn and a gap of filler of any length up to ~30 tokens, so the
-    # skill does not depend on one template or distance
     if kind == 2:
         xs = " and ".join(_number(rng) for _ in range(rng.randint(1, 2)))
-        return (f"{IM_START}user\n{_filler(rng)} {xs} {_filler(rng)}{IM_END}\n{IM_START}assistant\n"
-                f"{_filler(rng, 25)} {xs}{IM_END}")
+        return _chat_copy(rng, xs, xs)
     if kind == 3:  # transcribing notation into code
         notation, code = _expression(rng)
-        return (f"{IM_START}user\n{_filler(rng)} {notation} {_filler(rng)}{IM_END}\n{IM_START}assistant\n"
-                f"{_filler(rng, 25)} print({code}){IM_END}")
+        return _chat_copy(rng, notation, f"print({code})")
     if kind == 4:  # an interpreter transcript: the output is read back
         _, code = _expression(rng)
         value = eval(code)  # noqa: S307 - generated arithmetic

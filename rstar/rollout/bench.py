@@ -143,8 +143,8 @@ def run_scheduler_benchmark(model_dir: str, out: str, rollouts_per_replica: int 
         f"time per token. Measured on the local engine here: a = {local.a * 1e3:.2f} ms, c = {local.c * 1e3:.3f} "
         f"ms, prefill {local.prefill_s_per_token * 1e6:.1f} us/token (KV capacity set to 24 worst-case rollouts). "
         "The GPU-like profile is an assumption (25 ms + 0.1 ms x batch, 100 us/token prefill, 320K KV tokens), "
-        "not a measurement. Static (the public release's split): the batch cut into equal contiguous chunks up front (verl's AgentLoopManager), each replica admits while current contexts "
-        "fit and evicts (then recomputes) the newest on overflow, as vLLM does. Balanced: one shared queue, each "
+        "not a measurement. Static (the public release's split): the batch cut into equal contiguous chunks "
+        "up front (verl's AgentLoopManager), each replica admits while current contexts fit and evicts (then recomputes) the newest on overflow, as vLLM does. Balanced: one shared queue, each "
         "request placed on the replica with the most free KV, reserving its context plus a 1,024-token generation "
         "chunk (zero over-commit by construction; a turn continues in further chunks, preferring the same "
         "replica). Bound: all tokens at the largest batch the cache holds, or the longest rollout alone.", "",

@@ -4,10 +4,11 @@ split with the KV-aware balanced scheduler at scales this machine cannot run.
 A replica decodes in steps: one token for each active request per step, a step taking
 `a + c * batch` seconds (calibrated from real timings of the local engine), plus prefill
 at `prefill_s_per_token`. Its KV cache holds `capacity` tokens. Static: each replica takes
-its equal contiguous share of rollouts at once (whole prompt groups, as in verl); when their contexts outgrow the cache the newest
-request is evicted and must recompute its context later (what vLLM does under
-over-commit). Balanced: `scheduler.choose_replica` places each turn from one shared queue
-with a worst-case reservation, so there are no evictions; tool waits hold no reservation.
+its equal contiguous share of rollouts at once (whole prompt groups, as in verl); when
+their contexts outgrow the cache the newest request is evicted and must recompute its
+context later (what vLLM does under over-commit). Balanced: `scheduler.choose_replica`
+places each turn from one shared queue with a worst-case reservation, so there are no
+evictions; tool waits hold no reservation.
 Tokens advance in chunks of `chunk` per event to keep the model fast.
 """
 from __future__ import annotations
