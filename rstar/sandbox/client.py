@@ -17,7 +17,8 @@ import random
 
 import aiohttp
 
-from rstar.sandbox.result import ExecRequest, ExecResult, Status
+from rstar.sandbox.result import (JSON_HEADERS, ExecRequest, ExecResult, ExecuteBody, Status, decode_results,
+                                  encode_json)
 
 
 class SandboxClient:
@@ -102,19 +103,17 @@ class SandboxClient:
         task.add_done_callback(self._sending.discard)
 
     async def _send(self, batch: list[tuple[ExecRequest, asyncio.Future]]) -> None:
-        body = {"requests": [{"code": r.code, "stdin": r.stdin, "timeout_s": r.timeout_s, "notebook": r.notebook}
-                             for r, _ in batch]}
+        body = encode_json(ExecuteBody([r for r, _ in batch]))
         error = ""
         for attempt in range(self.retries + 1):
             try:
-                async with self._http.post(f"{self.url}/v1/execute", json=body) as resp:
+                async with self._http.post(f"{self.url}/v1/execute", data=body, headers=JSON_HEADERS) as resp:
                     if resp.status < 500:
-                        payload = await resp.json()
                         if resp.status >= 400:
-                            results = [ExecResult.rejected(f"HTTP {resp.status}: {payload.get('detail')}")
-                                       for _ in batch]
+                            detail = (await resp.json()).get("detail")
+                            results = [ExecResult.rejected(f"HTTP {resp.status}: {detail}") for _ in batch]
                         else:
-                            results = [ExecResult.from_dict(d) for d in payload["results"]]
+                            results = decode_results(await resp.read()).results
                         for (_, fut), res in zip(batch, results):
                             res.attempts += attempt
                             if not fut.done():

@@ -162,6 +162,7 @@ class Executor:
         self.spares: list[Call] = []
         self.deadlines: list[tuple[float, int, Call]] = []
         self.seq = 0
+        self.outbox: list[bytes] = []
         self.poller = select.poll()
         sys.stdout.reconfigure(line_buffering=True)  # a killed call keeps what it printed
         gc.freeze()  # children must not walk (and so copy) the parent's objects
@@ -175,7 +176,12 @@ class Executor:
                 return cfg
 
     def send(self, obj) -> None:
-        data = frame(obj)
+        """Queue a frame for the pool; `flush` writes all queued frames in one go."""
+        self.outbox.append(frame(obj))
+
+    def flush(self) -> None:
+        data = b"".join(self.outbox)
+        self.outbox.clear()
         while data:
             data = data[os.write(self.fd, data):]
 
@@ -183,37 +189,71 @@ class Executor:
     # A call runs in a process forked for it on demand, or, when the executor is idle, in a
     # "spare" forked and confined ahead of time that waits on a pipe for its snippet: the
     # fork then is off the critical path of the next call (lower latency, same total work).
-    def start(self, req: dict) -> None:
-        try:
-            body, last = runner.prepare(req["code"], req["notebook"])
-        except Exception as e:  # noqa: BLE001 - SyntaxError, null bytes, too deeply nested...
-            message = runner.compile_error(e)
-            return self.send({"id": req["id"], "status": "error", "stderr": message, "exit_code": 1,
-                              "reason": message.strip().splitlines()[-1]})
-        if self.spares:
-            call = self.spares.pop()
-            call.slot.reset(req["stdin"])
-            data = frame((req["code"], body, last))
-            while data:
-                data = data[os.write(call.feed, data):]
-            os.close(call.feed)
-        else:
-            slot = self.free.pop()
-            slot.reset(req["stdin"])
-            call = self._fork(slot, (req["code"], body, last))
-        call.req, call.start = req, time.monotonic()
-        self.seq += 1
-        heapq.heappush(self.deadlines, (call.start + req["timeout"], self.seq, call))
+    # Under load, calls start in bursts: compile every startable snippet first, then fork
+    # back to back, then do the bookkeeping. Each fork write-protects all of this process's
+    # pages, so every page written between two forks is copied once per fork; in a burst
+    # that is only the loop's own few pages.
+    def start_pending(self) -> None:
+        todo = self._compile_pending()
+        n_spare = min(len(todo), len(self.spares))
+        started = [self._start_in_spare(req, snippet) for req, snippet in todo[:n_spare]]
+        started += self._fork_burst(todo[n_spare:])
+        now = time.monotonic()
+        for call, req in started:
+            call.req, call.start = req, now
+            self.seq += 1
+            heapq.heappush(self.deadlines, (now + req["timeout"], self.seq, call))
 
-    def _fork(self, slot: Slot, snippet) -> Call:
-        """Fork a call process for `slot`; with `snippet` None it waits for one on a pipe."""
-        call = Call(None, slot)
-        feed_r, call.feed = os.pipe() if snippet is None else (-1, -1)
+    def _compile_pending(self) -> list[tuple[dict, tuple]]:
+        """(request, snippet) for as many pending calls as there is room for; a snippet that
+        does not compile is answered at once (it needs no process)."""
+        todo = []
+        while self.pending and len(todo) < len(self.free) + len(self.spares):
+            req = self.pending.popleft()
+            try:
+                body, last = runner.prepare(req["code"], req["notebook"])
+            except Exception as e:  # noqa: BLE001 - SyntaxError, null bytes, too deeply nested...
+                message = runner.compile_error(e)
+                self.send({"id": req["id"], "status": "error", "stderr": message, "exit_code": 1,
+                           "reason": message.strip().splitlines()[-1]})
+                continue
+            todo.append((req, (req["code"], body, last)))
+        return todo
+
+    def _start_in_spare(self, req: dict, snippet: tuple) -> tuple[Call, dict]:
+        call = self.spares.pop()
+        call.slot.reset(req["stdin"])
+        data = frame(snippet)
+        while data:
+            data = data[os.write(call.feed, data):]
+        os.close(call.feed)
+        return call, req
+
+    def _fork_burst(self, todo: list[tuple[dict, tuple]]) -> list[tuple[Call, dict]]:
+        slots = [self.free.pop() for _ in todo]
+        for slot, (req, _) in zip(slots, todo):
+            slot.reset(req["stdin"])
+        pids = []
+        for slot, (_, snippet) in zip(slots, todo):  # nothing else between the forks (see above)
+            pid = os.fork()
+            if pid == 0:
+                self._child(slot, snippet, -1)
+            pids.append(pid)
+        return [(self._track(pid, slot), req) for pid, slot, (req, _) in zip(pids, slots, todo)]
+
+    def _fork_spare(self, slot: Slot) -> Call:
+        """A process for `slot` that confines itself once it has read its snippet from a pipe."""
+        feed_r, feed_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            self._child(slot, snippet, feed_r)
-        if snippet is None:
-            os.close(feed_r)
+            self._child(slot, None, feed_r)
+        os.close(feed_r)
+        call = self._track(pid, slot)
+        call.feed = feed_w
+        return call
+
+    def _track(self, pid: int, slot: Slot) -> Call:
+        call = Call(None, slot)
         call.pid = pid
         call.pidfd = os.pidfd_open(pid)  # readable when the call exits: no SIGCHLD handler needed
         self.poller.register(call.pidfd, select.POLLIN)
@@ -249,7 +289,7 @@ class Executor:
 
     def refill_spares(self) -> None:
         if not self.pending and self.free and len(self.spares) < self.cfg["spares_per_executor"]:
-            self.spares.append(self._fork(self.free.pop(), None))
+            self.spares.append(self._fork_spare(self.free.pop()))
 
     def expire(self) -> None:
         now = time.monotonic()
@@ -333,6 +373,7 @@ class Executor:
         self.poller.register(self.fd, select.POLLIN)
         self.send({"hello": os.getpid(), "flavour": self.flavour, "warnings": self.warnings,
                    "privileged": self.privileged, "huge_pages": self.huge_pages})
+        self.flush()
         while True:
             timeout = max(0.0, self.deadlines[0][0] - time.monotonic()) * 1000 if self.deadlines else None
             for fd, _ in self.poller.poll(timeout):
@@ -343,8 +384,9 @@ class Executor:
                     self.pending.extend(self.reader.feed(data))
             self.reap()
             self.expire()
-            while self.pending and (self.free or self.spares):
-                self.start(self.pending.popleft())
+            self.flush()  # results first: they are what callers wait on
+            self.start_pending()
+            self.flush()
             self.refill_spares()
 
     def shutdown(self) -> None:

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
+from typing import Annotated
+
+import msgspec
 
 
 class Status(str, enum.Enum):
@@ -48,12 +51,6 @@ class ExecResult:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ExecResult":
-        d = dict(d)
-        d["status"] = Status(d["status"])
-        return cls(**d)
-
-    @classmethod
     def rejected(cls, reason: str) -> "ExecResult":
         return cls(status=Status.REJECTED, reason=reason)
 
@@ -73,3 +70,19 @@ class ExecResult:
         else:
             parts.append(f"{self.status.value.capitalize()}: {self.reason}".rstrip(": "))
         return "\n".join(parts)
+
+
+class ExecuteBody(msgspec.Struct):
+    """The native batch API's request body (`POST /v1/execute`), checked while it is parsed."""
+    requests: Annotated[list[ExecRequest], msgspec.Meta(min_length=1)]
+
+
+class ResultsBody(msgspec.Struct):
+    results: list[ExecResult]
+
+
+# msgspec encodes and decodes the dataclasses above directly: the hot path skips dicts.
+JSON_HEADERS = {"content-type": "application/json"}
+encode_json = msgspec.json.Encoder().encode
+decode_execute = msgspec.json.Decoder(ExecuteBody).decode
+decode_results = msgspec.json.Decoder(ResultsBody).decode

@@ -19,7 +19,8 @@ import aiohttp
 
 from rstar.sandbox.config import SandboxConfig
 from rstar.sandbox.pool import ExecutorPool
-from rstar.sandbox.result import ExecRequest, ExecResult, Status
+from rstar.sandbox.result import (JSON_HEADERS, ExecRequest, ExecResult, ExecuteBody, Status, decode_results,
+                                  encode_json)
 
 log = logging.getLogger(__name__)
 
@@ -90,17 +91,15 @@ class RemoteNode:
         return self.alive
 
     async def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]:
-        body = {"requests": [{"code": r.code, "stdin": r.stdin, "timeout_s": r.timeout_s, "notebook": r.notebook}
-                             for r in reqs]}
         try:
-            async with self._session().post(f"{self.url}/v1/execute", json=body) as r:
+            async with self._session().post(f"{self.url}/v1/execute", data=encode_json(ExecuteBody(reqs)),
+                                            headers=JSON_HEADERS) as r:
                 if r.status >= 500:
                     raise NodeLost(f"{self.url}: HTTP {r.status}")
                 r.raise_for_status()
-                payload = await r.json()
+                return decode_results(await r.read()).results
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
             raise NodeLost(f"{self.url}: {e!r}") from e
-        return [ExecResult.from_dict(d) for d in payload["results"]]
 
     def describe(self) -> dict:
         return {"name": self.name, "alive": self.alive, "capacity": self.capacity, "inflight": self.inflight}

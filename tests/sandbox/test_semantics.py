@@ -1,8 +1,9 @@
 """Tool semantics: stdout, notebook values, stdin, errors, limits, statuses."""
+import msgspec
 import pytest
 
 from rstar.sandbox.pool import flavour_for, imported_modules
-from rstar.sandbox.result import ExecRequest, ExecResult, Status
+from rstar.sandbox.result import ExecRequest, ExecResult, Status, decode_results, encode_json
 from tests.sandbox.conftest import small_config
 
 
@@ -114,6 +115,9 @@ async def test_many_concurrent_calls_keep_order(sandbox):
 
 
 def test_result_round_trip_and_tool_text():
-    r = ExecResult(status=Status.TIMEOUT, stdout="partial\n", reason="wall-clock limit of 1s exceeded")
-    assert ExecResult.from_dict(r.to_dict()) == r
+    r = ExecResult(status=Status.TIMEOUT, stdout="partial\n", reason="wall-clock limit of 1s exceeded",
+                   extra={"node": "local"})
+    assert decode_results(encode_json({"results": [r]})).results == [r]  # the wire format round-trips
+    with pytest.raises(msgspec.ValidationError, match="results"):
+        decode_results(b'{"results": [{"status": "fine"}]}')
     assert r.tool_text() == "partial\nTimeout: wall-clock limit of 1s exceeded"
