@@ -22,6 +22,8 @@ from rich.table import Table
 from rstar.benchreport import write_section
 from rstar.rollout.simulate import ReplicaModel, Workload, lower_bound, simulate
 
+GEN_CHUNK = 256  # tokens a balanced request reserves beyond its context; a turn continues in further chunks
+
 
 def calibrate(model_dir: str) -> ReplicaModel:
     """Fit step(b) = a + c*b on the local engine, and measure prefill seconds per token."""
@@ -87,7 +89,7 @@ def _real_run(model_dir: str, policy: str, rollouts: int, seed: int) -> float:
             ray.kill(r.actor)
 
 
-def run_scheduler_benchmark(model_dir: str, out: str, rollouts_per_replica: int = 64,
+def run_scheduler_benchmark(model_dir: str, out: str, rollouts_per_replica: int = 256,
                             real_rollouts: int = 24) -> list[dict]:
     import ray
 
@@ -106,7 +108,7 @@ def run_scheduler_benchmark(model_dir: str, out: str, rollouts_per_replica: int 
             work = Workload.long_tail(replicas * rollouts_per_replica, seed=replicas)
             with console.status(f"simulating {name} on {replicas} replicas..."):
                 static = simulate(work, model, replicas, "static", chunk=128)
-                balanced = simulate(work, model, replicas, "balanced", chunk=128, gen_chunk=1024)
+                balanced = simulate(work, model, replicas, "balanced", chunk=128, gen_chunk=GEN_CHUNK)
             rows.append({"profile": name, "replicas": replicas, "static": static, "balanced": balanced,
                          "bound": lower_bound(work, model, replicas)})
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -135,19 +137,23 @@ def run_scheduler_benchmark(model_dir: str, out: str, rollouts_per_replica: int 
                   f"balanced {real['balanced']:.1f}s")
     doc = [
         "## Rollout scheduling (`rstar bench-scheduler`)", "",
-        f"Measured {time.strftime('%Y-%m-%d')}. Workload: {rollouts_per_replica} rollouts per replica in groups "
-        "of 16 samples per prompt, stored contiguously as verl stores them; response length depends on the "
-        "problem: each prompt draws a median (log-normal around 2.5K, sigma 0.6), its samples vary around it "
-        "(sigma 0.45), clipped to 1K-12K tokens; 1-6 turns, tool waits uniform in 0.05-2 s, "
-        "tool responses of 120 tokens. Replica model: a decode step costs a + c x batch seconds, prefill a fixed "
-        f"time per token. Measured on the local engine here: a = {local.a * 1e3:.2f} ms, c = {local.c * 1e3:.3f} "
-        f"ms, prefill {local.prefill_s_per_token * 1e6:.1f} us/token (KV capacity set to 24 worst-case rollouts). "
-        "The GPU-like profile is an assumption (25 ms + 0.1 ms x batch, 100 us/token prefill, 320K KV tokens), "
-        "not a measurement. Static (the public release's split): the batch cut into equal contiguous chunks "
-        "up front (verl's AgentLoopManager), each replica admits while current contexts fit and evicts (then recomputes) the newest on overflow, as vLLM does. Balanced: one shared queue, each "
-        "request placed on the replica with the most free KV, reserving its context plus a 1,024-token generation "
-        "chunk (zero over-commit by construction; a turn continues in further chunks, preferring the same "
-        "replica). Bound: all tokens at the largest batch the cache holds, or the longest rollout alone.", "",
+        f"Measured {time.strftime('%Y-%m-%d')}. Workload: {rollouts_per_replica} rollouts per replica, the paper's "
+        "load (512 prompts x 32 samples on 64 GPUs), in groups of 16 samples per prompt stored contiguously as "
+        "verl stores them; response length depends on the problem: each prompt draws a median (log-normal around "
+        "2.5K, sigma 0.6), its samples vary around it (sigma 0.45), clipped to 1K-12K tokens; 1-6 turns, tool "
+        "waits uniform in 0.05-2 s, tool responses of 120 tokens. Replica model: a decode step costs a + c x batch "
+        f"seconds, prefill a fixed time per token. Measured on the local engine here: a = {local.a * 1e3:.2f} ms, "
+        f"c = {local.c * 1e3:.3f} ms, prefill {local.prefill_s_per_token * 1e6:.1f} us/token (KV capacity set to 24 "
+        "worst-case rollouts). The GPU-like profile is an assumption (25 ms + 0.1 ms x batch, 100 us/token "
+        "prefill, 320K KV tokens), not a measurement. Static (the public release's split): the batch cut into "
+        "equal contiguous chunks up front (verl's AgentLoopManager); each replica admits while current contexts "
+        "fit and evicts (then recomputes) the newest on overflow, as vLLM does. Balanced: one shared queue; a new "
+        "rollout goes to the replica with the most free KV, reserving its context plus a "
+        f"{GEN_CHUNK}-token generation chunk (zero over-commit by construction); its later requests (the next "
+        "chunk, the turn after a tool call) wait for room on that replica, where its prefix is cached, and new "
+        "rollouts do not take that room. Both policies find a rollout's prefix cached on its replica between "
+        "turns unless it was evicted (optimistic for static). Bound: all tokens at the largest batch the cache "
+        "holds, or the longest rollout alone at batch 1, whichever is longer.", "",
         "| profile | replicas | static s | balanced s | speed-up | bound s | balanced/bound | idle static | "
         "idle balanced | evictions static/balanced |",
         "|" + "---|" * 10, *lines, "",

@@ -59,7 +59,7 @@ def rollout_command(
 def bench_scheduler_command(
     model: str = typer.Option(..., help="Tiny model directory (HF format) to calibrate and run replicas."),
     out: str = typer.Option("docs/benchmarks.md"),
-    rollouts_per_replica: int = typer.Option(64),
+    rollouts_per_replica: int = typer.Option(256, help="the paper: 512 prompts x 32 samples on 64 GPUs"),
     real_rollouts: int = typer.Option(24),
 ) -> None:
     """Static split vs KV-aware balanced scheduling: calibrated simulation and a real 2-replica run."""

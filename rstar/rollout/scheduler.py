@@ -2,9 +2,9 @@
 static equal split (the public release's behaviour) to compare with.
 
 Balanced: every generation request (one assistant turn) reserves KV cache for its context
-plus its max new tokens; it is dispatched from one shared queue to the replica with the
-most free KV that can hold it, so no replica is ever over-committed (no evictions, by
-construction). The reservation is released when the turn ends, so a rollout waiting on a
+plus its max new tokens; a new rollout is dispatched from one shared queue to the replica
+with the most free KV that can hold it, a later turn waits for room on the replica that
+holds its prefix, so no replica is ever over-committed (no evictions, by construction). The reservation is released when the turn ends, so a rollout waiting on a
 tool call holds nothing and the replica keeps generating others. A replica that dies has
 its requests re-queued to the others.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 from dataclasses import dataclass, field
 
@@ -23,12 +24,17 @@ from rstar.agent.loop import Generation
 log = logging.getLogger(__name__)
 
 
-def choose_replica(free: list[int], alive: list[bool], need: int, preferred: int | None = None) -> int | None:
-    """The replica a request needing `need` KV tokens goes to: its previous replica when that
-    still fits (its prefix is cached there), else the one with the most free KV that fits."""
-    if preferred is not None and alive[preferred] and free[preferred] >= need:
-        return preferred
-    fits = [i for i in range(len(free)) if alive[i] and free[i] >= need]
+def choose_replica(free: list[int], alive: list[bool], need: int, home: int | None = None,
+                   held: set[int] = frozenset()) -> int | None:
+    """The replica a request needing `need` KV tokens goes to now, or None (it waits).
+
+    A request of a rollout in progress has a live `home`, where its prefix is cached: it waits
+    for room there, as recomputing its context elsewhere costs more than the wait. A new
+    rollout goes to the replica with the most free KV that fits, except `held` ones, where a
+    rollout in progress is waiting for room that new work must not take."""
+    if home is not None and alive[home]:
+        return home if free[home] >= need else None
+    fits = [i for i in range(len(free)) if alive[i] and i not in held and free[i] >= need]
     return max(fits, key=lambda i: free[i]) if fits else None
 
 
@@ -66,15 +72,38 @@ class ReplicaLost(Exception):
 
 
 class BalancedScheduler:
-    def __init__(self, engines: list, capacity_tokens: int | list[int], *, max_attempts: int = 3) -> None:
+    """`chunk_tokens`: generate a turn in requests of at most that many new tokens, each
+    reserving only its own chunk and continuing from the tokens so far (token in, token out),
+    so a replica reserves for what is being generated rather than for the whole budget; worth
+    it with an engine whose prefix cache makes the continuation's prefill cheap (vLLM)."""
+
+    def __init__(self, engines: list, capacity_tokens: int | list[int], *, max_attempts: int = 3,
+                 chunk_tokens: int | None = None) -> None:
         caps = capacity_tokens if isinstance(capacity_tokens, list) else [capacity_tokens] * len(engines)
         self.replicas = [ReplicaSlot(e, c) for e, c in zip(engines, caps)]
         self.queue: collections.deque[_Request] = collections.deque()
         self.home: dict[str, int] = {}
         self.max_attempts = max_attempts
+        self.chunk_tokens = chunk_tokens
         self.requeued = 0
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation:
+        budget = int(sampling_params["max_tokens"])
+        if not self.chunk_tokens:
+            return await self._generate(request_id, prompt_ids, sampling_params)
+        out = Generation([], [], [])
+        for k in itertools.count():
+            n = min(self.chunk_tokens, budget - len(out.token_ids))
+            gen = await self._generate(f"{request_id}.{k}", prompt_ids + out.token_ids,
+                                       {**sampling_params, "max_tokens": n})
+            out.token_ids += gen.token_ids
+            out.log_probs += gen.log_probs
+            out.entropies = out.entropies + gen.entropies if gen.entropies is not None else None
+            out.stop_reason = gen.stop_reason
+            if gen.stop_reason != "length" or len(out.token_ids) >= budget:
+                return out
+
+    async def _generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation:
         need = len(prompt_ids) + int(sampling_params["max_tokens"])
         if need > max(r.capacity for r in self.replicas):
             raise ValueError(f"request {request_id} needs {need} KV tokens; the largest replica holds "
@@ -87,13 +116,17 @@ class BalancedScheduler:
 
     def _dispatch(self) -> None:
         waiting = collections.deque()
-        while self.queue:  # first fit in arrival order: a big request does not block small ones forever
+        held: set[int] = set()
+        while self.queue:  # in arrival order, each placed as soon as it fits (see choose_replica)
             req = self.queue.popleft()
             free = [r.free for r in self.replicas]
             alive = [r.alive for r in self.replicas]
-            i = choose_replica(free, alive, req.need, self.home.get(rollout_of(req.request_id)))
+            home = self.home.get(rollout_of(req.request_id))
+            i = choose_replica(free, alive, req.need, home, held)
             if i is None:
                 waiting.append(req)
+                if home is not None and alive[home]:
+                    held.add(home)
                 continue
             self._start(i, req)
         self.queue = waiting

@@ -7,12 +7,15 @@ at `prefill_s_per_token`. Its KV cache holds `capacity` tokens. Static: each rep
 its equal contiguous share of rollouts at once (whole prompt groups, as in verl); when
 their contexts outgrow the cache the newest request is evicted and must recompute its
 context later (what vLLM does under over-commit). Balanced: `scheduler.choose_replica`
-places each turn from one shared queue with a worst-case reservation, so there are no
-evictions; tool waits hold no reservation.
+places each request from one shared queue with a worst-case reservation, so there are no
+evictions; tool waits hold no reservation. Under both policies a later turn of a rollout
+finds its prefix cached on its replica (vLLM's prefix cache; optimistic for static, whose
+over-commit would often have reused those blocks) unless it was evicted.
 Tokens advance in chunks of `chunk` per event to keep the model fast.
 """
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 import random
@@ -62,7 +65,7 @@ class ReplicaModel:
         return self.a + self.c * batch
 
 
-@dataclass
+@dataclass(eq=False)
 class _Req:
     rollout: int
     turn: int
@@ -72,13 +75,13 @@ class _Req:
     quota: int            # tokens this request may still generate (a generation chunk, or the budget)
     cached: bool = False  # its context is in the KV cache (False: prefill, or recompute after eviction)
     evicted: bool = False
-    last_replica: int = -1
 
 
 @dataclass
 class _Replica:
     active: list = field(default_factory=list)
-    waiting: list = field(default_factory=list)  # static: its share, not admitted yet or evicted
+    # static: its share, not admitted yet (or evicted)
+    waiting: collections.deque = field(default_factory=collections.deque)
     reserved: int = 0
     busy_time: float = 0.0
     running: bool = False
@@ -101,13 +104,16 @@ class Result:
 def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, chunk: int = 64,
              gen_chunk: int = 0) -> Result:
     """`gen_chunk` > 0 (balanced only): a turn is generated in requests of at most that many
-    tokens, each reserving only its own chunk, re-dispatched in between (see AgentLoop)."""
+    tokens, each reserving only its own chunk (BalancedScheduler's `chunk_tokens`)."""
     if policy not in ("static", "balanced"):
         raise ValueError(f"policy must be 'static' or 'balanced', not {policy!r}")
     reps = [_Replica() for _ in range(replicas)]
     events: list = []
     counter = 0
-    queue: list[_Req] = []       # balanced: the shared queue
+    # balanced, the shared queue: new rollouts (all alike, first come first served), and requests
+    # of rollouts in progress, which wait for their home replica where their prefix is cached
+    fresh: collections.deque[_Req] = collections.deque()
+    resumed: list[_Req] = []
     home: dict[int, int] = {}
     stats = {"evictions": 0, "recomputed": 0, "peak": 0.0, "done_at": 0.0}
 
@@ -121,7 +127,8 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
         # the workload's turns fit the budget; tool tokens aside, so never below what is left
         budget = max(remaining, work.max_response - (context - work.prompt_tokens))
         quota = min(gen_chunk, budget) if gen_chunk and policy == "balanced" else budget
-        return _Req(r, turn, context, remaining, context + quota, quota)
+        # a later request of a rollout finds its prefix in its replica's prefix cache
+        return _Req(r, turn, context, remaining, context + quota, quota, cached=context > work.prompt_tokens)
 
     def kick(i: int, now: float) -> None:
         if (reps[i].active or reps[i].waiting) and not reps[i].running:
@@ -130,25 +137,31 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
 
     alive = [True] * replicas
 
+    def place(i: int, req: _Req, now: float) -> None:
+        home[req.rollout] = i
+        reps[i].reserved += req.need
+        reps[i].active.append(req)
+        kick(i, now)
+
     def dispatch(now: float) -> None:
-        free = [model.capacity - r.reserved for r in reps]
-        smallest = min((req.need for req in queue), default=0)
-        if max(free) < smallest:
-            return  # nothing can be placed: skip the scan
+        held = set()  # replicas a rollout in progress waits on: new rollouts must not take its room
         waiting = []
-        for req in queue:
-            i = choose_replica(free, alive, req.need, home.get(req.rollout))
+        free = [model.capacity - r.reserved for r in reps]
+        for req in resumed:
+            i = choose_replica(free, alive, req.need, home[req.rollout])
             if i is None:
                 waiting.append(req)
-                continue
-            home[req.rollout] = i
-            req.cached = req.last_replica == i  # its prefix is still cached where it last ran
-            req.last_replica = i
-            free[i] -= req.need
-            reps[i].reserved += req.need
-            reps[i].active.append(req)
-            kick(i, now)
-        queue[:] = waiting
+                held.add(home[req.rollout])
+            else:
+                place(i, req, now)
+                free[i] -= req.need
+        resumed[:] = waiting
+        while fresh:  # new rollouts are alike: first come, first served
+            i = choose_replica(free, alive, fresh[0].need, held=held)
+            if i is None:
+                return
+            free[i] -= fresh[0].need
+            place(i, fresh.popleft(), now)
 
     def submit(req: _Req, now: float) -> None:
         if policy == "static":
@@ -157,7 +170,7 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
             reps[i].waiting.append(req)
             kick(i, now)
         else:
-            queue.append(req)
+            (resumed if req.rollout in home else fresh).append(req)
             dispatch(now)
 
     for r in range(len(work.turns)):
@@ -169,18 +182,21 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
             submit(request(*payload), now)
             continue
         rep = reps[payload]
+        used = rep.used()
         if policy == "static":  # like vLLM: admit while the *current* contexts fit
-            while rep.waiting and rep.used() + rep.waiting[0].context <= model.capacity:
-                rep.active.append(rep.waiting.pop(0))
+            while rep.waiting and used + rep.waiting[0].context <= model.capacity:
+                rep.active.append(rep.waiting.popleft())
+                used += rep.active[-1].context
         if not rep.active:
             rep.running = False
             continue
         n = min(chunk, min(min(req.remaining, req.quota) for req in rep.active))
         if policy == "static":  # growth past the cache evicts the newest; it recomputes later
-            while rep.used() + n * len(rep.active) > model.capacity and len(rep.active) > 1:
+            while used + n * len(rep.active) > model.capacity and len(rep.active) > 1:
                 victim = rep.active.pop()
+                used -= victim.context
                 victim.cached, victim.evicted = False, True
-                rep.waiting.insert(0, victim)
+                rep.waiting.appendleft(victim)
                 stats["evictions"] += 1
         prefill = 0
         for req in rep.active:
@@ -188,7 +204,7 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
                 prefill += req.context
                 stats["recomputed"] += req.context if req.evicted else 0
                 req.cached, req.evicted = True, False
-        stats["peak"] = max(stats["peak"], (rep.used() + n * len(rep.active)) / model.capacity)
+        stats["peak"] = max(stats["peak"], (used + n * len(rep.active)) / model.capacity)
         dt = n * model.step(len(rep.active)) + prefill * model.prefill_s_per_token
         rep.busy_time += dt
         end = now + dt
@@ -201,9 +217,8 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
             rep.active.remove(req)
             rep.reserved -= req.need if policy == "balanced" else 0
             if req.remaining:  # a generation chunk ended mid-turn: the rest is a new request
-                nxt = request(req.rollout, req.turn, req.context, req.remaining)
-                nxt.last_replica = payload
-                queue.insert(0, nxt)  # a rollout in progress goes before new ones: its prefix is cached
+                # a rollout in progress goes before new ones: its prefix is cached
+                resumed.insert(0, request(req.rollout, req.turn, req.context, req.remaining))
                 continue
             turns = work.turns[req.rollout]
             if req.turn + 1 < len(turns):

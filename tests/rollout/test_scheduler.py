@@ -38,8 +38,10 @@ class FakeReplica:
 def test_choose_replica():
     assert choose_replica([10, 50, 30], [True] * 3, 20) == 1
     assert choose_replica([10, 50, 30], [True, False, True], 20) == 2
-    assert choose_replica([10, 50, 30], [True] * 3, 20, preferred=2) == 2  # sticky when it fits
-    assert choose_replica([10, 50, 30], [True] * 3, 20, preferred=0) == 1  # not when it does not
+    assert choose_replica([10, 50, 30], [True] * 3, 20, home=2) == 2  # a later turn goes home...
+    assert choose_replica([10, 50, 30], [True] * 3, 20, home=0) is None  # ...and waits there for room
+    assert choose_replica([10, 50, 30], [True, False, True], 20, home=1) == 2  # unless home is dead
+    assert choose_replica([10, 50, 30], [True] * 3, 20, held={1}) == 2  # a held replica takes no new rollout
     assert choose_replica([10, 5], [True, True], 20) is None
 
 
@@ -62,6 +64,37 @@ async def test_requests_too_big_for_any_replica_are_refused():
     sched = BalancedScheduler([FakeReplica("a", 100)], 100)
     with pytest.raises(ValueError, match="needs 130 KV tokens"):
         await sched.generate("r/1", [1] * 30, {"max_tokens": 100})
+
+
+class CountingReplica:
+    """Continues the prompt 0, 1, 2, ... and ends the turn at `end`: a continuation from any
+    prefix gives the same tokens as one long request."""
+
+    def __init__(self, capacity, end):
+        self.capacity, self.end, self.live_kv, self.peak, self.requests = capacity, end, 0, 0, 0
+
+    async def generate(self, request_id, prompt_ids, params):
+        need = len(prompt_ids) + params["max_tokens"]
+        self.live_kv += need
+        self.peak, self.requests = max(self.peak, self.live_kv), self.requests + 1
+        await asyncio.sleep(0.001)
+        self.live_kv -= need
+        start = len(prompt_ids)
+        out = list(range(start, min(start + params["max_tokens"], self.end)))
+        return Generation(out, [0.0] * len(out), [0.5] * len(out), "stop" if start + len(out) >= self.end else "length")
+
+
+async def test_chunked_generation_continues_a_turn_within_small_reservations():
+    rep = CountingReplica(capacity=120, end=100)
+    sched = BalancedScheduler([rep], 120, chunk_tokens=16)
+    gens = await asyncio.gather(*(sched.generate(f"r{i}/1", list(range(10)), {"max_tokens": 500}) for i in range(4)))
+    for g in gens:  # the same tokens one unchunked request would give, ended by the engine
+        assert g.token_ids == list(range(10, 100)) and g.stop_reason == "stop" and len(g.entropies) == 90
+    assert rep.peak <= 120 and rep.requests == 4 * 6  # 90 tokens in chunks of 16; never over-committed
+    short = await sched.generate("s/1", list(range(10)), {"max_tokens": 40})
+    assert short.token_ids == list(range(10, 50)) and short.stop_reason == "length"  # the budget still binds
+    with pytest.raises(ValueError, match="needs 510 KV tokens"):  # unchunked, the whole budget is reserved
+        await BalancedScheduler([rep], 120).generate("u/1", list(range(10)), {"max_tokens": 500})
 
 
 async def test_static_split_is_round_robin_by_rollout():
