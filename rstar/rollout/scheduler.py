@@ -122,6 +122,8 @@ class BalancedScheduler:
             free = [r.free for r in self.replicas]
             alive = [r.alive for r in self.replicas]
             home = self.home.get(rollout_of(req.request_id))
+            if home is not None and self.replicas[home].capacity < req.need:
+                home = None  # it outgrew that replica altogether: waiting there would be forever
             i = choose_replica(free, alive, req.need, home, held)
             if i is None:
                 waiting.append(req)

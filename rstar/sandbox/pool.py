@@ -227,7 +227,10 @@ class ExecutorPool:
         async with self._slots[flavour]:
             for attempt in range(1, self.cfg.max_attempts + 1):
                 await self._alive[flavour].wait()
-                handle = min((h for h in self.executors[flavour] if h.alive),
+                # least loaded; ties go round robin, so an idle executor has time to fork its spare again
+                group = self.executors[flavour]
+                turn = self._ids % len(group)
+                handle = min((h for h in group[turn:] + group[:turn] if h.alive),
                              key=lambda h: len(h.inflight), default=None)
                 if handle is None:
                     continue

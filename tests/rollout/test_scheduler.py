@@ -60,6 +60,14 @@ async def test_no_overcommit_and_nothing_lost_when_a_replica_dies():
         assert slot.reserved == 0
 
 
+async def test_a_rollout_that_outgrows_its_replica_moves_instead_of_waiting_forever():
+    small, big = FakeReplica("small", 150), FakeReplica("big", 1000)
+    sched = BalancedScheduler([small, big], [150, 1000])
+    sched.home["r"] = 0  # its first turn ran on the small replica
+    g = await asyncio.wait_for(sched.generate("r/2", list(range(100)), {"max_tokens": 100}), 5)
+    assert g.token_ids == [sum(range(100)) % 1000, 100] and big.served == ["r/2"]
+
+
 async def test_requests_too_big_for_any_replica_are_refused():
     sched = BalancedScheduler([FakeReplica("a", 100)], 100)
     with pytest.raises(ValueError, match="needs 130 KV tokens"):
