@@ -47,9 +47,10 @@ def _task_states(flow_run_id, expect=STAGES, timeout_s: float = 60) -> dict[str,
     while True:
         runs = asyncio.run(read())
         out: dict[str, list[str]] = {}
-        for r in runs:
-            out.setdefault(r.name, []).append(r.state.name)
-        if (set(out) == set(expect) and all(r.state.is_final() for r in runs)) or time.monotonic() > deadline:
+        for r in runs:  # a task run's state can still be unrecorded (None) too
+            out.setdefault(r.name, []).append(r.state.name if r.state else "PENDING")
+        recorded = all(r.state and r.state.is_final() for r in runs)
+        if (set(out) == set(expect) and recorded) or time.monotonic() > deadline:
             return out
         time.sleep(0.5)
 
