@@ -4,8 +4,9 @@ static equal split (the public release's behaviour) to compare with.
 Balanced: every generation request (one assistant turn) reserves KV cache for its context
 plus its max new tokens; a new rollout is dispatched from one shared queue to the replica
 with the most free KV that can hold it, a later turn waits for room on the replica that
-holds its prefix, so no replica is ever over-committed (no evictions, by construction). The reservation is released when the turn ends, so a rollout waiting on a
-tool call holds nothing and the replica keeps generating others. A replica that dies has
+holds its prefix, so no replica is ever over-committed (no evictions, by construction).
+The reservation is released when the turn ends, so a rollout waiting on a tool call holds
+nothing and the replica keeps generating others. A replica that dies has
 its requests re-queued to the others.
 
 Both schedulers are engines themselves (`generate(request_id, prompt_ids, params)`), so the

@@ -137,8 +137,9 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
 
     alive = [True] * replicas
 
-    def place(i: int, req: _Req, now: float) -> None:
+    def place(i: int, req: _Req, free: list[int], now: float) -> None:
         home[req.rollout] = i
+        free[i] -= req.need
         reps[i].reserved += req.need
         reps[i].active.append(req)
         kick(i, now)
@@ -153,15 +154,13 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
                 waiting.append(req)
                 held.add(home[req.rollout])
             else:
-                place(i, req, now)
-                free[i] -= req.need
+                place(i, req, free, now)
         resumed[:] = waiting
         while fresh:  # new rollouts are alike: first come, first served
             i = choose_replica(free, alive, fresh[0].need, held=held)
             if i is None:
                 return
-            free[i] -= fresh[0].need
-            place(i, fresh.popleft(), now)
+            place(i, fresh.popleft(), free, now)
 
     def submit(req: _Req, now: float) -> None:
         if policy == "static":

@@ -88,9 +88,16 @@ class BodyLimit:
         await self.app(scope, receive, send)
 
 
+def _unprocessable(problems: list[tuple[str, str]]) -> JSONResponse:
+    """422 naming each (field, message), whichever parser found them."""
+    errors = [{"field": f, "message": m} for f, m in problems]
+    summary = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
+    return JSONResponse({"detail": summary, "errors": errors[:50]}, status_code=422)
+
+
 def _msgspec_problem(e: Exception) -> tuple[str, str]:
     """("requests.0.code", "Expected `str`, got `int`") from msgspec's "... - at `$.requests[0].code`"."""
-    if not isinstance(e, msgspec.ValidationError):  # (a ValidationError is a DecodeError too)
+    if not isinstance(e, msgspec.ValidationError):
         return "body", f"invalid JSON: {e}"
     message, _, where = str(e).partition(" - at `$")
     path = re.sub(r"\[(\d+)\]", r".\1", where.rstrip("`")).strip(".")
@@ -159,9 +166,7 @@ def create_app(service: SandboxService, *, join: str | None = None, public_url: 
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError):
-        errors = [{"field": _field_path(e["loc"]), "message": e["msg"]} for e in exc.errors()]
-        summary = "; ".join(f"{e['field']}: {e['message']}" for e in errors[:5])
-        return JSONResponse({"detail": summary, "errors": errors[:50]}, status_code=422)
+        return _unprocessable([(_field_path(e["loc"]), e["msg"]) for e in exc.errors()])
 
     @app.exception_handler(TooLarge)
     async def too_large(_: Request, exc: TooLarge):
@@ -193,10 +198,8 @@ def create_app(service: SandboxService, *, join: str | None = None, public_url: 
         than running the call."""
         try:
             body = decode_execute(await request.body())
-        except (msgspec.ValidationError, msgspec.DecodeError) as e:
-            field, message = _msgspec_problem(e)
-            return JSONResponse({"detail": f"{field}: {message}", "errors": [{"field": field, "message": message}]},
-                                status_code=422)
+        except msgspec.DecodeError as e:  # bad JSON, or a ValidationError (a DecodeError too)
+            return _unprocessable([_msgspec_problem(e)])
         _check_sizes(service, [(f"requests.{i}.code", r.code) for i, r in enumerate(body.requests)])
         return json_response({"results": await service.run_many(body.requests)})
 
