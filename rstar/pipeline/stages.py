@@ -293,8 +293,16 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
             "metrics": {k: v for k, v in flat.items() if k.endswith("avg_pass@1")}}
 
 
+def _marker(recipe: Recipe, stage: str, inputs: dict) -> str:
+    name = f"{stage}-{inputs['report_name']}" if "report_name" in inputs else stage
+    return f"{Layout(recipe.storage_root).root}/cache/{name}.key"
+
+
 def outputs_exist(recipe: Recipe, stage: str, inputs: dict) -> bool:
-    """Whether a stage's outputs are still in storage (a cached result is only reused if so)."""
+    """Whether a stage's outputs are still in storage, as this recipe and these inputs made
+    them (a cached result is only reused if so). A run with another recipe at the same root
+    overwrites the outputs and the marker naming what made them, so its result never passes
+    for this one's."""
     from rstar.storage import filesystem
 
     layout = Layout(recipe.storage_root)
@@ -305,7 +313,10 @@ def outputs_exist(recipe: Recipe, stage: str, inputs: dict) -> bool:
         paths = [f"{layout.model(stage)}/{dirs.POINTER}" if is_remote(layout.root) else
                  os.path.join(layout.model(stage), "config.json")]
     fs, _ = filesystem(paths[0])
-    return all(fs.exists(filesystem(p)[1]) for p in paths)
+    if not all(fs.exists(filesystem(p)[1]) for p in paths):
+        return False
+    fs, marker = filesystem(_marker(recipe, stage, inputs))
+    return fs.exists(marker) and fs.cat_file(marker).decode() == recipe.cache_key(stage, inputs)
 
 
 STAGES = {"base": base, "problems": problems, "sft": sft, "mine": mine, "evaluate": evaluate}
@@ -313,12 +324,17 @@ STAGES = {"base": base, "problems": problems, "sft": sft, "mine": mine, "evaluat
 
 def run(stage: str, recipe: Recipe, inputs: dict, log) -> dict:
     """Run one stage by name (RL stages by their recipe names)."""
+    from rstar.storage import atomic_write_text
+
     layout = Layout(recipe.storage_root)
     if stage in STAGES:
-        return STAGES[stage](recipe, layout, inputs, log)
-    if stage in {s.name for s in recipe.rl}:
-        return rl(recipe, layout, inputs, log, stage=stage)
-    raise ValueError(f"unknown stage {stage!r}")
+        out = STAGES[stage](recipe, layout, inputs, log)
+    elif stage in {s.name for s in recipe.rl}:
+        out = rl(recipe, layout, inputs, log, stage=stage)
+    else:
+        raise ValueError(f"unknown stage {stage!r}")
+    atomic_write_text(_marker(recipe, stage, inputs), recipe.cache_key(stage, inputs))
+    return out
 
 
 def summary_markdown(stage: str, out: dict, links: dict) -> str:

@@ -378,7 +378,10 @@ class Executor:
             timeout = max(0.0, self.deadlines[0][0] - time.monotonic()) * 1000 if self.deadlines else None
             for fd, _ in self.poller.poll(timeout):
                 if fd == self.fd:
-                    data = os.read(self.fd, 1 << 20)
+                    try:
+                        data = os.read(self.fd, 1 << 20)
+                    except ConnectionResetError:  # the pool closed with our results unread
+                        data = b""
                     if not data:
                         return self.shutdown()
                     self.pending.extend(self.reader.feed(data))

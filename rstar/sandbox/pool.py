@@ -214,7 +214,7 @@ class ExecutorPool:
                 self._alive[handle.flavour].set()
                 return
             except Exception as e:  # noqa: BLE001 - keep trying; calls wait on _alive meanwhile
-                log.error("restart of %s executor %d failed: %s", handle.flavour, handle.index, e)
+                log.error("restart of %s executor %d failed: %r", handle.flavour, handle.index, e)
                 await asyncio.sleep(1.0)
 
     async def run(self, req: ExecRequest) -> ExecResult:

@@ -49,16 +49,17 @@ class StageConfig:
 STATE = "trainer_state.pt"
 
 
-def _log_probs(model, seqs: list[list[int]], starts: list[int], width: int) -> torch.Tensor:
+def _log_probs(model, seqs: list[list[int]], starts: list[int], width: int, temperature: float) -> torch.Tensor:
     """Per-token log-probs of each sequence's response part (positions >= start), left-aligned
-    to `width`, in one padded forward pass."""
+    to `width`, in one padded forward pass, under the sampling temperature (as verl's actor
+    does): the policy being improved is the one the rollouts were drawn from."""
     longest = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), longest, dtype=torch.long)
     attn = torch.zeros_like(ids)
     for i, s in enumerate(seqs):
         ids[i, :len(s)] = torch.tensor(s)
         attn[i, :len(s)] = 1
-    logits = model(input_ids=ids, attention_mask=attn).logits.float()
+    logits = model(input_ids=ids, attention_mask=attn).logits.float() / temperature
     logp_all = torch.log_softmax(logits[:, :-1], -1)
     token_lp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
     out = torch.zeros(len(seqs), width)
@@ -189,14 +190,14 @@ class RLTrainer:
         adv = grpo_advantages(torch.tensor([r["reward"] for r in kept]), mask, [r["group_id"] for r in kept])
         with torch.no_grad():
             old = torch.cat([_log_probs(self.model, seqs[i:i + cfg.micro_batch_size],
-                                        starts[i:i + cfg.micro_batch_size], width)
+                                        starts[i:i + cfg.micro_batch_size], width, cfg.temperature)
                              for i in range(0, len(kept), cfg.micro_batch_size)])
         self.model.train()
         n_tokens = int(mask.sum().item())
         total, clip = 0.0, 0.0
         for i in range(0, len(kept), cfg.micro_batch_size):
             sl = slice(i, i + cfg.micro_batch_size)
-            new = _log_probs(self.model, seqs[sl], starts[sl], width)
+            new = _log_probs(self.model, seqs[sl], starts[sl], width, cfg.temperature)
             loss, m = policy_loss(old[sl], new, adv[sl], mask[sl], clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                   batch_num_tokens=n_tokens)
             loss.backward()

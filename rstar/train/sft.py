@@ -28,6 +28,10 @@ class SFTConfig:
     max_length: int = 1024
     seed: int = 0
     prompt_style: str = "paper"    # the system prompt and tools block RL will use (rstar.agent.format.STYLES)
+    # Rows of the tiny base's pretraining text added to every step (language-modelling loss,
+    # same weight): without them a few hundred steps on chats overwrite what the base learnt
+    # from it, copying numbers first. 0 for a real base model.
+    replay_rows: int = 0
 
 
 def encode_example(tokenizer, messages: list[dict], max_length: int,
@@ -88,6 +92,7 @@ def train_sft(model, tokenizer, rows: list[dict], cfg: SFTConfig, out_dir: str |
     sched = get_cosine_schedule_with_warmup(opt, math.ceil(cfg.warmup_ratio * total), total)
     pad = tokenizer.pad_token_id
     history, step = [], 0
+    replay_rng = random.Random(cfg.seed + 1)
     model.train()
     for _ in range(cfg.epochs):
         for batch in _batches(examples, cfg.batch_size, rng):
@@ -102,6 +107,11 @@ def train_sft(model, tokenizer, rows: list[dict], cfg: SFTConfig, out_dir: str |
                 loss = (nll * tmask).sum() / n_tokens  # token mean over the whole batch
                 loss.backward()
                 loss_sum += loss.item()
+            if cfg.replay_rows:
+                from rstar.model.pretrain import PretrainConfig, packed_batch
+
+                rows_ids = packed_batch(replay_rng, tokenizer, cfg.replay_rows, PretrainConfig.seq_len)
+                model(input_ids=rows_ids, labels=rows_ids).loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             opt.step()
             sched.step()

@@ -273,7 +273,7 @@ def test_lineage_command_prints_the_chain(finished_local):
     assert "evaluation run" in result.output and outs["mine"]["problems_digest"] in result.output
 
 
-def test_a_cached_stage_whose_outputs_were_deleted_runs_again(finished_local):
+def test_a_cached_stage_whose_outputs_were_deleted_or_overwritten_runs_again(finished_local):
     import shutil
 
     from flows.pipeline import pipeline
@@ -281,7 +281,12 @@ def test_a_cached_stage_whose_outputs_were_deleted_runs_again(finished_local):
     path, _, outs = finished_local
     recipe = load_recipe(path)
     shutil.rmtree(os.path.join(recipe.storage_root, "models", "rl3"))
+    # another recipe at the same storage root rewrote the mined problems (and said so)
+    marker = os.path.join(recipe.storage_root, "cache", "mine.key")
+    assert os.path.exists(marker)
+    with open(marker, "w") as f:
+        f.write("tiny-mine-made-by-another-recipe")
     state = pipeline(path, return_state=True)
     states = _task_states(state.state_details.flow_run_id)
-    assert states["rl3"] == ["Completed"] and states["rl2"] == ["Cached"] and states["mine"] == ["Cached"]
+    assert states["rl3"] == ["Completed"] and states["rl2"] == ["Cached"] and states["mine"] == ["Completed"]
     assert os.path.exists(os.path.join(recipe.storage_root, "models", "rl3", "config.json"))

@@ -60,3 +60,24 @@ async def test_next_stage_starts_from_the_previous_one(tiny_dir, tokenizer, agen
         moments = [s for s in trainer.opt.state.values() if "exp_avg" in s]
         assert (len(moments) == 0) == reset  # AdamW moments carried over unless reset
         assert trainer.step == 0
+
+
+async def test_the_update_scores_tokens_under_the_sampling_temperature(tiny_dir):
+    """The trainer's log-probs of a rollout are those the engine sampled it with (verl's actor
+    divides by the temperature too); at temperature 1 they would be another policy's."""
+    from transformers import AutoModelForCausalLM
+
+    from rstar.rollout.hf_engine import HFEngine
+    from rstar.train.rl import _log_probs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    engine = HFEngine(model, seed=1)
+    prompt = [7, 8, 9, 10]
+    g = await engine.generate("r", prompt, {"max_tokens": 12, "temperature": 0.6})
+    await engine.close()
+    n = len(g.token_ids)
+    with torch.no_grad():
+        scored = _log_probs(model, [prompt + g.token_ids], [len(prompt)], n, 0.6)[0]
+        untempered = _log_probs(model, [prompt + g.token_ids], [len(prompt)], n, 1.0)[0]
+    assert torch.allclose(scored, torch.tensor(g.log_probs), atol=1e-4)
+    assert not torch.allclose(untempered, torch.tensor(g.log_probs), atol=1e-2)
