@@ -14,7 +14,7 @@ import shutil
 from dataclasses import replace
 
 from rstar.pipeline.config import Recipe
-from rstar.storage import dirs, is_remote
+from rstar.storage import dirs, filesystem, is_remote
 from rstar.tracking.digest import digest
 
 
@@ -160,6 +160,19 @@ def sft(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     return _model_output(_save(model, tok, layout.model("sft")), "sft", {"final_loss": history[-1]["loss"]})
 
 
+def _work_dir(recipe: Recipe, layout: Layout, stage: str, inputs: dict) -> tuple[str, str]:
+    """A stage's working directory (local, and its URI under the root) for this recipe and
+    these inputs: a retry resumes from the checkpoints it finds there; a run of another recipe
+    or from another input model never does. Other runs' local directories are removed."""
+    run = recipe.cache_key(stage, inputs)
+    parent = layout.work(stage)
+    if os.path.isdir(parent):
+        for name in os.listdir(parent):
+            if name != run:
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    return layout.work(f"{stage}/{run}"), f"{layout.root}/work/{stage}/{run}"
+
+
 def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict:
     """One GRPO-RoC stage, resumable: an interrupted run continues from its last checkpoint
     (in the stage's working directory, or the one last pushed to remote storage)."""
@@ -168,10 +181,10 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
     from rstar.train.rl import RLTrainer
 
     cfg = next(s for s in recipe.rl if s.name == stage)
+    work, remote_work = _work_dir(recipe, layout, stage, inputs)
     if recipe.engine == "verl":
-        return _rl_verl(recipe, layout, inputs, log, cfg)
-    work = layout.work(stage)
-    ckpt_uri = f"{layout.root}/work/{stage}/checkpoint"
+        return _rl_verl(recipe, layout, inputs, log, cfg, work)
+    ckpt_uri = f"{remote_work}/checkpoint"
     if is_remote(layout.root):
         # For a remote root the local directory is scratch: resume only from what storage
         # holds (pushed every step), never from whatever an older run left on this machine.
@@ -179,6 +192,10 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
         pulled = dirs.pull(ckpt_uri)
         if pulled:
             shutil.copytree(pulled, os.path.join(work, "checkpoint"))
+    if not os.path.exists(os.path.join(work, "checkpoint")):  # a fresh start: drop other runs' step files
+        fs, path = filesystem(layout.trajectories(stage))
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
     init = dirs.pull(inputs["model"])
     cfg = replace(cfg, init_from=init, prompt_style=recipe.prompt_style)
     rows = read_table(inputs["problems"], ("problems", "hard_problems")).to_pylist()
@@ -214,7 +231,7 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
             "trajectories": layout.trajectories(stage), "steps": len(history)}
 
 
-def _rl_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg) -> dict:
+def _rl_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str) -> dict:
     """The cluster path: verl's trainer on the Ray cluster (FSDP actor, vLLM rollouts, this
     project's agent loop, tool and reward), then its last FSDP checkpoint merged into a
     Hugging Face directory. verl resumes from its own checkpoints after a retry."""
@@ -223,7 +240,6 @@ def _rl_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg) -> dict:
 
     from rstar.train.verl_launcher import build_verl_run
 
-    work = layout.work(cfg.name)
     cmd = build_verl_run(replace(cfg, prompt_style=recipe.prompt_style), model=dirs.pull(inputs["model"]),
                          problems=inputs["problems"], sandbox_url=recipe.sandbox_url, out_dir=work,
                          n_gpus=int(recipe.resources.gpus), nodes=recipe.resources.nodes)
@@ -303,8 +319,6 @@ def outputs_exist(recipe: Recipe, stage: str, inputs: dict) -> bool:
     them (a cached result is only reused if so). A run with another recipe at the same root
     overwrites the outputs and the marker naming what made them, so its result never passes
     for this one's."""
-    from rstar.storage import filesystem
-
     layout = Layout(recipe.storage_root)
     paths = {"problems": [layout.dataset("train_problems"), layout.dataset("eval_problems")],
              "mine": [layout.dataset("hard_problems")],

@@ -62,3 +62,22 @@ def test_the_paper_recipe_validates_and_its_inputs_are_checked(s3):
         load_recipe("configs/qwen3-14b.yaml", {"train_problems": {"synthetic": {"n": 5}}})
     with pytest.raises(ConfigError, match="engine 'verl' needs sandbox_url"):
         load_recipe("configs/qwen3-14b.yaml", {"sandbox_url": None}, check_inputs=False)
+
+
+def test_an_rl_stage_never_resumes_another_recipes_checkpoint(tmp_path):
+    """Each recipe + inputs gets its own working directory: a retry finds its checkpoint, a
+    run of a changed recipe at the same root starts clean (and the stale directory goes)."""
+    import os
+
+    from rstar.pipeline.stages import Layout, _work_dir
+
+    inputs = {"model": "m", "model_digest": "abc"}
+    first = load_recipe("configs/tiny.yaml", {"storage_root": str(tmp_path)})
+    changed = load_recipe("configs/tiny.yaml", {"storage_root": str(tmp_path), "rl.0.lr": 1e-4})
+    work, remote = _work_dir(first, Layout(first.storage_root), "rl1", inputs)
+    os.makedirs(os.path.join(work, "checkpoint"))
+    assert _work_dir(first, Layout(first.storage_root), "rl1", inputs)[0] == work  # the retry resumes here
+    assert os.path.isdir(os.path.join(work, "checkpoint")) and remote.endswith(os.path.basename(work))
+    other, _ = _work_dir(changed, Layout(changed.storage_root), "rl1", inputs)
+    assert other != work and not os.path.exists(work)
+    assert _work_dir(first, Layout(first.storage_root), "rl1", {**inputs, "model_digest": "def"})[0] != work
