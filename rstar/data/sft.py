@@ -129,9 +129,9 @@ def _calc(rng):
     """Arithmetic written in Python syntax, operands of one to three digits in any position
     (a model that only saw small second operands breaks its JSON after a long one)."""
     a, b, c, d = (rng.randint(2, 10 ** rng.randint(1, 3) - 1) for _ in range(4))
-    e, m = rng.randint(2, 30), rng.randint(7, 99)
-    expr = rng.choice([f"{a}+{b}", f"{a}-{b}", f"{a}*{b}", f"{a}//{b}", f"{a}%{m}", f"{min(a, 99)}**{e}",
-                       f"({a}+{b})*{c}", f"{a}*{b}*{c}", f"pow({a}, {d}, {m})", f"{min(a, 99)}**{d} % {m}"])
+    base, e, m = rng.randint(2, 99), rng.randint(2, 30), rng.randint(7, 99)  # powers of 2-digit bases
+    expr = rng.choice([f"{a}+{b}", f"{a}-{b}", f"{a}*{b}", f"{a}//{b}", f"{a}%{m}", f"{base}**{e}",
+                       f"({a}+{b})*{c}", f"{a}*{b}*{c}", f"pow({a}, {d}, {m})", f"{base}**{d} % {m}"])
     ask = rng.choice(["Use Python to evaluate {}.", "Calculate {} with the tool.", "What does Python print for {}?",
                       "Run {} in Python and report the value.", "Please compute {} exactly, using code."])
     return "calc", _with_tool(ask.format(expr), "I will print the value of the expression.",

@@ -135,3 +135,21 @@ def test_sft_task_selection_and_calc_examples_are_right():
             assert f"\\boxed{{{eval(expr)}}}" in msgs[3]["content"]
     with _pytest.raises(ValueError, match=r"unknown SFT task\(s\) \['nope'\]"):
         sft.generate(3, tasks=["nope"])
+
+
+def test_calc_operands_are_spread_so_none_can_be_memorised():
+    """No number may dominate the calc examples' code (a clamped operand once made `99**`
+    a third of all powers, and the SFT model wrote 99 whatever the problem said)."""
+    import collections
+    import json
+    import re
+
+    from rstar.data import sft
+
+    operands, bases = collections.Counter(), collections.Counter()
+    for r in sft.generate(600, seed=5, tasks=["calc"]):
+        code = json.loads(r["messages"])[1]["tool_calls"][0]["arguments"]["code"]
+        operands.update(re.findall(r"\d+", code))
+        bases.update(re.findall(r"(\d+)\*\*", code))
+    assert operands.most_common(1)[0][1] < 0.06 * sum(operands.values())  # a one-digit value: ~4%
+    assert sum(bases.values()) > 50 and bases.most_common(1)[0][1] < 0.1 * sum(bases.values()), bases.most_common(3)
