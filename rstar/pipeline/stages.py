@@ -14,7 +14,7 @@ import shutil
 from dataclasses import replace
 
 from rstar.pipeline.config import Recipe
-from rstar.storage import dirs, filesystem, is_remote
+from rstar.storage import atomic_write_text, dirs, filesystem, is_remote
 from rstar.tracking.digest import digest
 
 
@@ -170,7 +170,8 @@ def _work_dir(recipe: Recipe, layout: Layout, stage: str, inputs: dict) -> tuple
         for name in os.listdir(parent):
             if name != run:
                 shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-    return layout.work(f"{stage}/{run}"), f"{layout.root}/work/{stage}/{run}"
+    uri = f"{layout.root}/work/{stage}/{run}"
+    return dirs.local_dir(uri), uri
 
 
 def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict:
@@ -338,8 +339,6 @@ STAGES = {"base": base, "problems": problems, "sft": sft, "mine": mine, "evaluat
 
 def run(stage: str, recipe: Recipe, inputs: dict, log) -> dict:
     """Run one stage by name (RL stages by their recipe names)."""
-    from rstar.storage import atomic_write_text
-
     layout = Layout(recipe.storage_root)
     if stage in STAGES:
         out = STAGES[stage](recipe, layout, inputs, log)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from rstar.agent.format import STYLES
+from rstar.model.pretrain import PretrainConfig, packed_batch
 
 
 @dataclass
@@ -108,8 +109,6 @@ def train_sft(model, tokenizer, rows: list[dict], cfg: SFTConfig, out_dir: str |
                 loss.backward()
                 loss_sum += loss.item()
             if cfg.replay_rows:
-                from rstar.model.pretrain import PretrainConfig, packed_batch
-
                 rows_ids = packed_batch(replay_rng, tokenizer, cfg.replay_rows, PretrainConfig.seq_len)
                 model(input_ids=rows_ids, labels=rows_ids).loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
