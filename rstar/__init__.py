@@ -1,2 +1,3 @@
 """rstar: agentic RL for math reasoning (rStar2-Agent), as a pipeline people can run."""
-__version__ = "0.1.0"
+# Part of every stage's cache key: bump it when a change alters what a stage produces.
+__version__ = "0.2.0"

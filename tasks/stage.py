@@ -2,8 +2,8 @@
 the work as a Ray job, registers the stage's model, and leaves a markdown summary artifact.
 
 Retries come from the recipe (`retries.count`, `retries.delay_s`); a retried RL stage resumes
-from its checkpoint. The cache key is the stage's recipe section plus its inputs' content
-digests, so re-running a finished pipeline serves every stage from cache.
+from its checkpoint. The cache key is the stage's recipe section, its inputs' content digests
+and the code version, so re-running a finished pipeline serves every stage from cache.
 """
 from __future__ import annotations
 

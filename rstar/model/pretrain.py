@@ -56,17 +56,59 @@ def _expression(rng: random.Random) -> tuple[str, str]:
                        (f"{c}^{{{d}}} \\bmod {m}", f"pow({c}, {d}, {m})")])
 
 
+_KEYS = ("code", "text", "input", "value", "query", "cmd", "args", "src", "name", "data")
+_TAGS = ("output", "result", "stdout", "log", "reply", "note", "data")
+
+
+def _turn(role: str, text: str) -> str:
+    return f"{IM_START}{role}\n{text}{IM_END}\n"
+
+
+def _preamble(rng: random.Random) -> str:
+    """Nothing, a system turn and/or an earlier exchange, all filler: a base model copies from
+    wherever the source sits, not only from the first turn of a document."""
+    out = _turn("system", _filler(rng, 14)) if rng.random() < 0.6 else ""
+    if rng.random() < 0.3:
+        out += _turn("user", _filler(rng, 8)) + _turn("assistant", _filler(rng, 8))
+    return out
+
+
+def _wrapped(rng: random.Random, text: str) -> str:
+    """`text` written bare, inside a (nested) JSON string, or after a tagged note: copying must
+    survive whatever structure sits between the source and the copy."""
+    form = rng.randrange(4)
+    if form == 0:
+        return text
+    k = rng.sample(_KEYS, 4)
+    if form == 1:
+        return f'{{"{k[0]}": "{text}", "{k[1]}": ""}}'
+    if form == 2:
+        return f'{{"{k[0]}": "{_filler(rng, 2)}", "{k[1]}": {{"{k[2]}": "{text}", "{k[3]}": ""}}}}'
+    tag = rng.choice(_TAGS)
+    return f"<{tag}>{_filler(rng, 10)}</{tag}>\n{text}"
+
+
 def _chat_copy(rng: random.Random, said: str, reply: str) -> str:
-    """A chat turn mentioning `said` among filler, answered with `reply` after a gap of filler
-    of any length up to ~30 tokens, so copying does not depend on one template or distance."""
-    return (f"{IM_START}user\n{_filler(rng)} {said} {_filler(rng)}{IM_END}\n{IM_START}assistant\n"
-            f"{_filler(rng, 25)} {reply}{IM_END}")
+    """A chat turn mentioning `said` among filler, answered with `reply` after filler and some
+    structure, so copying does not hang on one template or distance."""
+    return (_preamble(rng) + _turn("user", f"{_filler(rng)} {said} {_filler(rng)}")
+            + f"{IM_START}assistant\n{_filler(rng, 12)} {_wrapped(rng, reply)}{IM_END}")
 
 
-# How often each kind of document below is drawn. Copy drills (kinds 1-4) count double: a
-# model this small needs that much practice before it copies a 3-digit number token it has
-# rarely seen (with equal weights, 1,500 steps left it copying 2-digit numbers only).
-KIND_WEIGHTS = (1, 2, 2, 2, 2, 1)
+def _read_back(rng: random.Random) -> str:
+    """Notation transcribed into code, the code's output shown in a tagged turn, the output
+    copied into the reply: an interpreter session as a chat, in generic tags."""
+    notation, code = _expression(rng)
+    value = eval(code)  # noqa: S307 - generated arithmetic
+    tag = rng.choice(_TAGS)
+    said = rng.choice([f"{value}", f"\\boxed{{{value}}}", f"it is {value}.", f"{_filler(rng, 3)} {value}"])
+    return (_chat_copy(rng, notation, f"print({code})") + "\n" + _turn("user", f"<{tag}>\n{value}\n</{tag}>")
+            + f"{IM_START}assistant\n{_filler(rng, 8)} {said}{IM_END}")
+
+
+# How often each kind of document below is drawn: copying in context (kinds 1-4) dominates, a
+# model this small needs that much practice before it copies a number token it rarely saw.
+KIND_WEIGHTS = (1, 1, 2, 3, 3, 1)
 
 
 def document(rng: random.Random) -> str:
@@ -84,10 +126,8 @@ def document(rng: random.Random) -> str:
     if kind == 3:  # transcribing notation into code
         notation, code = _expression(rng)
         return _chat_copy(rng, notation, f"print({code})")
-    if kind == 4:  # an interpreter transcript: the output is read back
-        _, code = _expression(rng)
-        value = eval(code)  # noqa: S307 - generated arithmetic
-        return f">>> print({code})\n{value}\n{_filler(rng, 15)} The result is {value}."
+    if kind == 4:
+        return _read_back(rng)
     v = _number(rng)
     return f"x = {v}\n# {_filler(rng)}\nprint(x)\n{v}"
 

@@ -14,6 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+import rstar
 from rstar.agent.format import STYLES
 from rstar.data import check_names
 from rstar.data import sft as sft_data
@@ -63,7 +64,7 @@ class BaseModelSpec(_Strict):
     path: str | None = None
     hidden: int = 192
     layers: int = 4
-    number_tokens: bool = False   # numbers read as 3-digit tokens (see rstar.model.tiny.build_tokenizer)
+    number_chunk: int = Field(0, ge=0, le=3)  # digits per number token, 0: one per digit (rstar.model.tiny.build_tokenizer)
     pretrain_steps: int = 1500
     pretrain_lr: float = 2e-3
     pretrain_batch: int = 16      # rows of pretrain_seq_len packed tokens
@@ -162,8 +163,10 @@ class Recipe(_Strict):
         return {"rl": next(s for s in dump["rl"] if s["name"] == stage), "prompt_style": self.prompt_style}
 
     def cache_key(self, stage: str, inputs: dict) -> str:
+        """Names a stage's outputs: its recipe section, inputs, storage root and the code's
+        version (bumped when a change alters what a stage produces, so no stale result is served)."""
         return f"{self.name}-{stage}-" + _digest({"section": self.section(stage), "root": self.storage_root,
-                                                   "inputs": inputs})
+                                                   "inputs": inputs, "version": rstar.__version__})
 
 
 def _digest(obj) -> str:

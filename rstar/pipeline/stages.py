@@ -99,7 +99,7 @@ def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     from rstar.model.pretrain import PretrainConfig, pretrain
     from rstar.model.tiny import build_model, build_tokenizer
 
-    tok = build_tokenizer(seed=spec.seed, number_tokens=spec.number_tokens)
+    tok = build_tokenizer(seed=spec.seed, number_chunk=spec.number_chunk)
     model = build_model(tok, hidden=spec.hidden, layers=spec.layers, intermediate=3 * spec.hidden, seed=spec.seed)
     history = pretrain(model, tok, PretrainConfig(steps=spec.pretrain_steps, batch_size=spec.pretrain_batch,
                                                   seq_len=spec.pretrain_seq_len, lr=spec.pretrain_lr, seed=spec.seed),

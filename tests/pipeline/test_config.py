@@ -51,6 +51,15 @@ def test_cache_keys_change_only_for_the_stages_a_change_touches():
     assert base.cache_key("sft", inputs) != base.cache_key("sft", {**inputs, "model_digest": "def"})
 
 
+def test_a_new_code_version_changes_every_cache_key(monkeypatch):
+    import rstar
+
+    recipe = load_recipe(TINY)
+    before = {stage: recipe.cache_key(stage, {}) for stage in ("base", "sft", "rl1", "evaluate")}
+    monkeypatch.setattr(rstar, "__version__", rstar.__version__ + ".post1")
+    assert all(recipe.cache_key(stage, {}) != key for stage, key in before.items())
+
+
 def test_the_paper_recipe_validates_and_its_inputs_are_checked(s3):
     recipe = load_recipe("configs/qwen3-14b.yaml", check_inputs=False)
     assert recipe.engine == "verl" and recipe.base.path == "Qwen/Qwen3-14B-Base"
