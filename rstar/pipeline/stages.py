@@ -163,13 +163,14 @@ def sft(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
 def _work_dir(recipe: Recipe, layout: Layout, stage: str, inputs: dict) -> tuple[str, str]:
     """A stage's working directory (local, and its URI under the root) for this recipe and
     these inputs: a retry resumes from the checkpoints it finds there; a run of another recipe
-    or from another input model never does. Other runs' local directories are removed."""
+    or from another input model never does. Other runs' directories are removed from storage
+    (local or remote), so stale checkpoints do not pile up."""
     run = recipe.cache_key(stage, inputs)
-    parent = layout.work(stage)
-    if os.path.isdir(parent):
-        for name in os.listdir(parent):
-            if name != run:
-                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    fs, parent = filesystem(f"{layout.root}/work/{stage}")
+    if fs.exists(parent):
+        for path in fs.ls(parent, detail=False):
+            if path.rstrip("/").rsplit("/", 1)[-1] != run:
+                fs.rm(path, recursive=True)
     uri = f"{layout.root}/work/{stage}/{run}"
     return dirs.local_dir(uri), uri
 

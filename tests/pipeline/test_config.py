@@ -73,20 +73,26 @@ def test_the_paper_recipe_validates_and_its_inputs_are_checked(s3):
         load_recipe("configs/qwen3-14b.yaml", {"sandbox_url": None}, check_inputs=False)
 
 
-def test_an_rl_stage_never_resumes_another_recipes_checkpoint(tmp_path):
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_an_rl_stage_never_resumes_another_recipes_checkpoint(where, tmp_path, request):
     """Each recipe + inputs gets its own working directory: a retry finds its checkpoint, a
-    run of a changed recipe at the same root starts clean (and the stale directory goes)."""
+    run of a changed recipe at the same root starts clean (and the stale directory goes, from
+    remote storage too)."""
     import os
 
     from rstar.pipeline.stages import Layout, _work_dir
+    from rstar.storage import filesystem
 
+    root = str(tmp_path) if where == "local" else request.getfixturevalue("s3") + "/workdirs"
     inputs = {"model": "m", "model_digest": "abc"}
-    first = load_recipe("configs/tiny.yaml", {"storage_root": str(tmp_path)})
-    changed = load_recipe("configs/tiny.yaml", {"storage_root": str(tmp_path), "rl.0.lr": 1e-4})
-    work, remote = _work_dir(first, Layout(first.storage_root), "rl1", inputs)
-    os.makedirs(os.path.join(work, "checkpoint"))
-    assert _work_dir(first, Layout(first.storage_root), "rl1", inputs)[0] == work  # the retry resumes here
-    assert os.path.isdir(os.path.join(work, "checkpoint")) and remote.endswith(os.path.basename(work))
-    other, _ = _work_dir(changed, Layout(changed.storage_root), "rl1", inputs)
-    assert other != work and not os.path.exists(work)
-    assert _work_dir(first, Layout(first.storage_root), "rl1", {**inputs, "model_digest": "def"})[0] != work
+    first = load_recipe("configs/tiny.yaml", {"storage_root": root})
+    changed = load_recipe("configs/tiny.yaml", {"storage_root": root, "rl.0.lr": 1e-4})
+    work, remote = _work_dir(first, Layout(root), "rl1", inputs)
+    fs, path = filesystem(f"{remote}/checkpoint/trainer_state.pt")
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    fs.pipe_file(path, b"state")
+    assert _work_dir(first, Layout(root), "rl1", inputs) == (work, remote)  # the retry resumes here
+    assert fs.exists(path)
+    other = _work_dir(changed, Layout(root), "rl1", inputs)[1]
+    assert other != remote and not fs.exists(path)
+    assert _work_dir(first, Layout(root), "rl1", {**inputs, "model_digest": "def"})[1] != remote
