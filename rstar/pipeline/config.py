@@ -143,6 +143,10 @@ class Recipe(_Strict):
         names = [s.name for s in self.rl]
         if len(set(names)) != len(names):
             raise ValueError(f"RL stage names repeat: {names}")
+        for s in self.rl:
+            if s.mini_batches < 1 or s.prompts_per_step % s.mini_batches:
+                raise ValueError(f"rl stage {s.name}: mini_batches ({s.mini_batches}) must divide "
+                                 f"prompts_per_step ({s.prompts_per_step})")
         if self.mine.after not in names[:-1]:
             raise ValueError(f"mine.after must name an RL stage before the last ({names[:-1]}), "
                              f"not {self.mine.after!r}")

@@ -38,6 +38,9 @@ class StageConfig:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch_size: int = 8
+    # Optimizer steps per rollout batch (PPO mini-batches, verl's ppo_mini_batch_size =
+    # prompts_per_step / mini_batches): each takes whole groups; old log-probs are computed once.
+    mini_batches: int = 1
     clip_low: float = 0.2
     clip_high: float = 0.28
     init_from: str | None = None      # the previous stage's checkpoint directory, if any
@@ -193,22 +196,35 @@ class RLTrainer:
                                         starts[i:i + cfg.micro_batch_size], width, cfg.temperature)
                              for i in range(0, len(kept), cfg.micro_batch_size)])
         self.model.train()
-        n_tokens = int(mask.sum().item())
-        total, clip = 0.0, 0.0
-        for i in range(0, len(kept), cfg.micro_batch_size):
-            sl = slice(i, i + cfg.micro_batch_size)
-            new = _log_probs(self.model, seqs[sl], starts[sl], width, cfg.temperature)
-            loss, m = policy_loss(old[sl], new, adv[sl], mask[sl], clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                  batch_num_tokens=n_tokens)
-            loss.backward()
-            total += loss.item()
-            clip += m["clip_fraction"] * mask[sl].sum().item() / max(n_tokens, 1)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        self.opt.step()
-        self.sched.step()
-        self.opt.zero_grad(set_to_none=True)
+        all_tokens = max(int(mask.sum().item()), 1)
+        losses, clip, grad_norms = [], 0.0, []
+        for rows in _mini_batches([r["group_id"] for r in kept], cfg.mini_batches):
+            n_tokens = int(mask[rows].sum().item())
+            losses.append(0.0)
+            for i in range(0, len(rows), cfg.micro_batch_size):
+                idx = rows[i:i + cfg.micro_batch_size]
+                new = _log_probs(self.model, [seqs[j] for j in idx], [starts[j] for j in idx], width, cfg.temperature)
+                loss, m = policy_loss(old[idx], new, adv[idx], mask[idx], clip_low=cfg.clip_low,
+                                      clip_high=cfg.clip_high, batch_num_tokens=n_tokens)
+                loss.backward()
+                losses[-1] += loss.item()
+                clip += m["clip_fraction"] * mask[idx].sum().item() / all_tokens
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        self.sched.step()  # the schedule counts RL steps, as verl's does
         self.model.eval()
-        return {"loss": total, "clip_fraction": clip, "grad_norm": float(grad_norm)}
+        return {"loss": sum(losses) / len(losses), "clip_fraction": clip, "grad_norm": sum(grad_norms) / len(grad_norms),
+                "optimizer_steps": len(grad_norms)}
+
+
+def _mini_batches(group_ids: list[str], n: int) -> list[list[int]]:
+    """Row indices split into at most `n` mini-batches of whole groups (a group's advantages
+    are relative to each other, so its rows update together), in order."""
+    groups = list(dict.fromkeys(group_ids))
+    per = -(-len(groups) // n)
+    chunks = [set(groups[i:i + per]) for i in range(0, len(groups), per)]
+    return [[j for j, g in enumerate(group_ids) if g in chunk] for chunk in chunks]
 
 
 def summarize_step(records: list[dict], kept: list[dict]) -> dict:

@@ -66,7 +66,7 @@ def verl_overrides(cfg: StageConfig, *, model: str, train_files: str, agent_loop
         f"actor_rollout_ref.actor.optim.lr={cfg.lr}", f"actor_rollout_ref.actor.optim.lr_warmup_steps={cfg.warmup_steps}",
         f"actor_rollout_ref.actor.optim.weight_decay={cfg.weight_decay}",
         f"actor_rollout_ref.actor.grad_clip={cfg.max_grad_norm}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts_per_step}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts_per_step // cfg.mini_batches}",
         f"actor_rollout_ref.actor.clip_ratio_low={cfg.clip_low}", f"actor_rollout_ref.actor.clip_ratio_high={cfg.clip_high}",
         "actor_rollout_ref.actor.loss_agg_mode=token-mean", "actor_rollout_ref.actor.use_kl_loss=false",
         "actor_rollout_ref.actor.entropy_coeff=0",

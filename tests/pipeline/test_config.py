@@ -23,6 +23,7 @@ def test_tiny_recipe_loads_with_the_trainers_dataclasses():
      r"train_problems\.files\.0: /no/such/problems\.parquet does not exist"),
     ({"train_problems": {"files": ["/no/such/dapo.parquet:dapo"]}}, r"/no/such/dapo\.parquet does not exist"),
     ({"mine.after": "rl3"}, r"mine\.after must name an RL stage before the last"),
+    ({"rl.1.mini_batches": 3}, r"rl stage rl2: mini_batches \(3\) must divide prompts_per_step \(8\)"),
     ({"train_problems.synthetic.families": ["nope"]}, r"unknown families \['nope'\]"),
     ({"prompt_style": "fancy"}, r"prompt_style: Input should be 'paper' or 'compact'"),
 ])
@@ -78,7 +79,6 @@ def test_an_rl_stage_never_resumes_another_recipes_checkpoint(where, tmp_path, r
     """Each recipe + inputs gets its own working directory: a retry finds its checkpoint, a
     run of a changed recipe at the same root starts clean (and the stale directory goes, from
     remote storage too)."""
-    import os
 
     from rstar.pipeline.stages import Layout, _work_dir
     from rstar.storage import filesystem

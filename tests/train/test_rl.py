@@ -81,3 +81,26 @@ async def test_the_update_scores_tokens_under_the_sampling_temperature(tiny_dir)
         untempered = _log_probs(model, [prompt + g.token_ids], [len(prompt)], n, 1.0)[0]
     assert torch.allclose(scored, torch.tensor(g.log_probs), atol=1e-4)
     assert not torch.allclose(untempered, torch.tensor(g.log_probs), atol=1e-2)
+
+
+def test_mini_batches_take_whole_groups_in_order():
+    from rstar.train.rl import _mini_batches
+
+    ids = ["a", "a", "b", "b", "b", "c", "d", "d"]
+    assert _mini_batches(ids, 1) == [list(range(8))]
+    assert _mini_batches(ids, 2) == [[0, 1, 2, 3, 4], [5, 6, 7]]
+    assert _mini_batches(ids, 8) == [[0, 1], [2, 3, 4], [5], [6, 7]]   # never more batches than groups
+
+
+async def test_mini_batches_take_several_optimizer_steps_per_rollout_batch(tiny_dir, tokenizer, agent_sandbox,
+                                                                           tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    c = cfg(1)
+    c.mini_batches = 2
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    trainer = RLTrainer(model, tokenizer, synth.generate(10, seed=2, levels=(1,)), agent_sandbox, c, str(tmp_path))
+    hist = await trainer.run()
+    assert hist[-1]["optimizer_steps"] == 2
+    assert all(int(s["step"]) == 2 for s in trainer.opt.state.values())   # AdamW counted two updates
+    assert trainer.sched.last_epoch == 1                                  # the lr schedule counts RL steps

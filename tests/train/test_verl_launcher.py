@@ -15,7 +15,7 @@ from rstar.train.rl import StageConfig  # noqa: E402
 from rstar.train.verl_launcher import build_verl_run, roc_filter, to_verl_rows, verl_overrides  # noqa: E402
 
 STAGE = StageConfig(name="rl1", steps=300, prompts_per_step=512, roc=RoCConfig(group_size=16),
-                    max_response_tokens=8192, max_turns=10, lr=1e-6, warmup_steps=20)
+                    max_response_tokens=8192, max_turns=10, lr=1e-6, warmup_steps=20, mini_batches=4)
 
 
 def test_overrides_compose_with_verls_schema(tmp_path):
@@ -36,6 +36,7 @@ def test_overrides_compose_with_verls_schema(tmp_path):
     assert rollout.n == 32 and rollout.response_length == 8192 and rollout.name == "vllm"
     assert rollout.agent.default_agent_loop == "rstar_agent"
     assert cfg.data.train_batch_size == 512 and cfg.trainer.nnodes == 8
+    assert actor.ppo_mini_batch_size == 128   # 4 optimizer steps per rollout batch
     assert cfg.rstar.sandbox_url == "http://sandbox:8080" and cfg.rstar.max_turns == 10
     assert cfg.custom_reward_function.name == "compute_score"
     assert os.path.exists(cfg.custom_reward_function.path)
