@@ -79,7 +79,6 @@ def test_an_rl_stage_never_resumes_another_recipes_checkpoint(where, tmp_path, r
     """Each recipe + inputs gets its own working directory: a retry finds its checkpoint, a
     run of a changed recipe at the same root starts clean (and the stale directory goes, from
     remote storage too)."""
-
     from rstar.pipeline.stages import Layout, _work_dir
     from rstar.storage import filesystem
 
