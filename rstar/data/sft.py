@@ -125,17 +125,10 @@ def _stdin_echo(rng):
         _answer("The tool printed the capitalised word.", w.upper())]
 
 
-def _operand(rng) -> int:
-    """Mostly 3-4 digits: a number of several tokens must be copied whole (a model that saw
-    mostly one-token operands wrote `51**484` for 513 x 489, stopping after the first token)."""
-    digits = rng.choice((1, 2, 3, 3, 4))
-    return rng.randint(max(2, 10 ** (digits - 1)), 10 ** digits - 1)
-
-
 def _calc(rng):
-    """Arithmetic written in Python syntax, operands of one to four digits in any position
+    """Arithmetic written in Python syntax, operands of one to three digits in any position
     (a model that only saw small second operands breaks its JSON after a long one)."""
-    a, b, c, d = (_operand(rng) for _ in range(4))
+    a, b, c, d = (rng.randint(2, 10 ** rng.randint(1, 3) - 1) for _ in range(4))
     base, e, m = rng.randint(2, 99), rng.randint(2, 30), rng.randint(7, 99)  # powers of 2-digit bases
     expr = rng.choice([f"{a}+{b}", f"{a}-{b}", f"{a}*{b}", f"{a}//{b}", f"{a}%{m}", f"{base}**{e}",
                        f"({a}+{b})*{c}", f"{a}*{b}*{c}", f"pow({a}, {d}, {m})", f"{base}**{d} % {m}"])

@@ -145,8 +145,7 @@ def packed_batch(rng: random.Random, tokenizer, rows: int, seq_len: int) -> torc
 
 
 def pretrain(model, tokenizer, cfg: PretrainConfig, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
-    """Next-token training on freshly generated documents; cosine decay after a linear warm-up.
-    Tokens the documents never used end at the mean embedding (see `_settle_unused`)."""
+    """Next-token training on freshly generated documents; cosine decay after a linear warm-up."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -154,10 +153,8 @@ def pretrain(model, tokenizer, cfg: PretrainConfig, on_step: Callable[[int, dict
         opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * max(0.1, 0.5 * (1 + math.cos(math.pi * s / cfg.steps))))
     model.train()
     history = []
-    seen = torch.zeros(len(tokenizer), dtype=torch.bool)
     for step in range(1, cfg.steps + 1):
         ids = packed_batch(rng, tokenizer, cfg.batch_size, cfg.seq_len)
-        seen[ids.flatten()] = True
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -167,19 +164,5 @@ def pretrain(model, tokenizer, cfg: PretrainConfig, on_step: Callable[[int, dict
         history.append({"step": step, "loss": loss.item(), "lr": sched.get_last_lr()[0]})
         if on_step:
             on_step(step, history[-1])
-    _settle_unused(model, seen)
     model.eval()
     return history
-
-
-@torch.no_grad()
-def _settle_unused(model, seen: torch.Tensor) -> None:
-    """Set the embeddings of tokens pretraining never saw (the format's tags, much of the BPE
-    vocabulary) to the mean of the trained ones, as `resize_token_embeddings` does for new
-    tokens. Left at their random initialisation they derail attention: the base copied 3-digit
-    operands after a filler system turn but not after the real system prompt with its
-    <reason>/<tool_call> tags (0/4 -> 4/4 once those rows were set to the mean)."""
-    if not seen.any():
-        return
-    emb = model.get_input_embeddings().weight
-    emb[~seen] = emb[seen].mean(0)

@@ -153,18 +153,3 @@ def test_calc_operands_are_spread_so_none_can_be_memorised():
         bases.update(re.findall(r"(\d+)\*\*", code))
     assert operands.most_common(1)[0][1] < 0.06 * sum(operands.values())  # a one-digit value: ~4%
     assert sum(bases.values()) > 50 and bases.most_common(1)[0][1] < 0.1 * sum(bases.values()), bases.most_common(3)
-
-
-def test_most_calc_operands_span_several_number_tokens():
-    """The tiny tokenizer reads numbers in 2-digit chunks; SFT whose operands were mostly one
-    chunk taught the model to end a number after its first token (`51**484` for 513 x 489)."""
-    import json
-    import re
-
-    from rstar.data import sft
-
-    codes = [json.loads(r["messages"])[1]["tool_calls"][0]["arguments"]["code"]
-             for r in sft.generate(400, seed=6, tasks=["calc"])]
-    plain = [c for c in codes if not any(op in c for op in ("**", "pow(", "%"))]   # powers keep 2-digit bases
-    numbers = [x for c in plain for x in re.findall(r"\d+", c)]
-    assert len(plain) > 100 and sum(len(x) >= 3 for x in numbers) > 0.5 * len(numbers)

@@ -49,19 +49,3 @@ def test_pretraining_lowers_the_loss(tokenizer):
     history = pretrain(model, tokenizer, PretrainConfig(steps=40, batch_size=8, seq_len=64, lr=3e-3, warmup_steps=5))
     first, last = sum(h["loss"] for h in history[:5]) / 5, sum(h["loss"] for h in history[-5:]) / 5
     assert last < first - 1.0
-
-
-def test_tokens_pretraining_never_saw_end_at_the_mean_embedding(tokenizer):
-    import torch
-
-    model = build_model(tokenizer, hidden=32, layers=1, intermediate=64)
-    pretrain(model, tokenizer, PretrainConfig(steps=3, batch_size=2, seq_len=32, warmup_steps=1))
-    emb = model.get_input_embeddings().weight
-    rng, seen = random.Random(0), set()
-    for _ in range(3):  # the same rows pretraining drew (same seed)
-        seen.update(packed_batch(rng, tokenizer, 2, 32).flatten().tolist())
-    tag = tokenizer.convert_tokens_to_ids("<tool_call>")
-    assert tag not in seen
-    mean = emb[sorted(seen)].mean(0)
-    assert torch.allclose(emb[tag], mean, atol=1e-6)
-    assert not torch.allclose(emb[sorted(seen)[5]], mean, atol=1e-3)   # trained rows are left alone
