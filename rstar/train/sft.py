@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from rstar.agent.format import STYLES
-from rstar.model.pretrain import PretrainConfig, packed_batch
+from rstar.model.pretrain import PretrainConfig, TextSource, packed_batch
 
 
 @dataclass
@@ -93,7 +93,7 @@ def train_sft(model, tokenizer, rows: list[dict], cfg: SFTConfig, out_dir: str |
     sched = get_cosine_schedule_with_warmup(opt, math.ceil(cfg.warmup_ratio * total), total)
     pad = tokenizer.pad_token_id
     history, step = [], 0
-    replay_rng = random.Random(cfg.seed + 1)
+    replay_rng = TextSource(cfg.seed + 1, tokenizer)
     model.train()
     for _ in range(cfg.epochs):
         for batch in _batches(examples, cfg.batch_size, rng):

@@ -48,13 +48,12 @@ def test_short_sft_run_learns_and_saves(tiny_dir, tokenizer, tmp_path):
 def test_replayed_pretraining_rows_keep_the_base_text_learnt(tiny_dir, tokenizer):
     """The same SFT run with and without replay: with it, the model also learns the base's
     pretraining text (here from scratch), so its loss there ends clearly lower."""
-    import random
 
     from transformers import AutoModelForCausalLM
 
-    from rstar.model.pretrain import packed_batch
+    from rstar.model.pretrain import TextSource, packed_batch
 
-    held_out = packed_batch(random.Random(123), tokenizer, 8, 64)
+    held_out = packed_batch(TextSource(123, tokenizer), tokenizer, 8, 64)
     losses = {}
     for replay in (0, 8):
         model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
