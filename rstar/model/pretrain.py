@@ -51,10 +51,11 @@ class TextSource(random.Random):
 
     def __init__(self, seed: int, tokenizer=None) -> None:
         super().__init__(seed)
-        special = set(tokenizer.all_special_ids) if tokenizer is not None else set()
-        words = (tokenizer.decode([i]).strip() for i in range(len(tokenizer)) if i not in special) \
-            if tokenizer is not None else ()
-        self.words = tuple(w for w in words if w and not w.isdigit())
+        self.words: tuple[str, ...] = ()
+        if tokenizer is not None:
+            special = set(tokenizer.all_special_ids)
+            words = (tokenizer.decode([i]).strip() for i in range(len(tokenizer)) if i not in special)
+            self.words = tuple(w for w in words if w and not w.isdigit())
 
 
 def _filler(rng: TextSource, most: int = 5) -> str:

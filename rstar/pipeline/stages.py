@@ -36,9 +36,13 @@ class Layout:
     def reports(self, name: str) -> str:
         return f"{self.root}/reports/{name}"
 
+    def work_uri(self, stage: str) -> str:
+        """Where a stage's working directories (its trainer checkpoints) live under the root."""
+        return f"{self.root}/work/{stage}"
+
     def work(self, stage: str) -> str:
-        """A local working directory for a stage (its trainer checkpoints)."""
-        return dirs.local_dir(f"{self.root}/work/{stage}")
+        """The local copy of a stage's working directory."""
+        return dirs.local_dir(self.work_uri(stage))
 
 
 def _load(uri: str):
@@ -166,12 +170,12 @@ def _work_dir(recipe: Recipe, layout: Layout, stage: str, inputs: dict) -> tuple
     or from another input model never does. Other runs' directories are removed from storage
     (local or remote), so stale checkpoints do not pile up."""
     run = recipe.cache_key(stage, inputs)
-    fs, parent = filesystem(f"{layout.root}/work/{stage}")
+    fs, parent = filesystem(layout.work_uri(stage))
     if fs.exists(parent):
         for path in fs.ls(parent, detail=False):
             if path.rstrip("/").rsplit("/", 1)[-1] != run:
                 fs.rm(path, recursive=True)
-    uri = f"{layout.root}/work/{stage}/{run}"
+    uri = f"{layout.work_uri(stage)}/{run}"
     return dirs.local_dir(uri), uri
 
 
