@@ -36,8 +36,16 @@ def _symbolic(args: tuple[str, str, int]) -> bool:
     return symbolic_equal(*args[:2], timeout_s=args[2])
 
 
+def _warm_up() -> None:
+    """A worker imports math-verify (and sympy) before its first item, so an item's deadline
+    measures the check, not a cold import on a busy machine."""
+    symbolic_equal("1", "1")
+
+
 class BatchScorer:
     """Parallel scoring. Use as a context manager, or call `close()`."""
+
+    check = staticmethod(_symbolic)  # runs in the pool's workers
 
     def __init__(self, workers: int | None = None, *, timeout_s: int = 5, fallback_to_any_boxed: bool = True) -> None:
         self.workers = workers or os.cpu_count() or 1
@@ -60,7 +68,8 @@ class BatchScorer:
 
     def _get_pool(self):
         if self._pool is None:  # spawn: safe next to threads (Ray, torch) in the parent
-            self._pool = mp.get_context("spawn").Pool(self.workers)
+            self._pool = mp.get_context("spawn").Pool(self.workers, initializer=_warm_up)
+            self._pool.map(int, range(self.workers), chunksize=1)  # deadlines start once workers are warm
         return self._pool
 
     def score_many(self, items: list[ScoreItem]) -> list[float]:
@@ -83,15 +92,15 @@ class BatchScorer:
         return scores
 
     def _verify_symbolic(self, pairs: list[tuple[str, str]]) -> list[bool]:
-        pool = self._get_pool()
-        pending = [pool.apply_async(_symbolic, ((p, g, self.timeout_s),)) for p, g in pairs]
-        out = []
-        for res in pending:
+        out: list[bool] = []
+        while len(out) < len(pairs):
+            pool = self._get_pool()
+            pending = [pool.apply_async(self.check, ((p, g, self.timeout_s),)) for p, g in pairs[len(out):]]
             try:
-                out.append(res.get(timeout=3 * self.timeout_s + 5))
-            except mp.TimeoutError:  # stuck below Python: count it wrong and replace the pool
-                self.timeouts += 1
+                for res in pending:
+                    out.append(res.get(timeout=3 * self.timeout_s + 5))
+            except mp.TimeoutError:  # stuck below Python: count it wrong, replace the pool and
+                self.timeouts += 1   # resubmit the rest (the old pool's results never come)
                 out.append(False)
                 self.close()
-                pool = self._get_pool()
         return out

@@ -99,3 +99,28 @@ def test_pathological_answer_does_not_stall_the_batch():
         got = scorer.score_many([ScoreItem(nasty, "3")] * 2 + [ScoreItem("<answer>\\boxed{3}</answer>", "3")])
         assert time.monotonic() - start < 20
     assert got == [0.0, 0.0, 1.0]
+
+
+def _hangs_on_x(args):
+    """A check stuck below Python's reach on the answer "x" (a worker of the pool)."""
+    import time
+
+    from rstar.reward.score import _symbolic
+
+    while args[0] == "x":
+        time.sleep(1)
+    return _symbolic(args)
+
+
+class _HangingScorer(BatchScorer):
+    check = staticmethod(_hangs_on_x)
+
+
+def test_items_after_a_stuck_one_are_still_verified():
+    """A timed-out item replaces the pool; the symbolic items queued behind it are resubmitted,
+    not left waiting on the old pool's results (which made every one of them time out too)."""
+    half = ScoreItem("<answer>\\boxed{0.5}</answer>", "\\frac{1}{2}")
+    with _HangingScorer(workers=1, timeout_s=1) as scorer:
+        got = scorer.score_many([ScoreItem("<answer>\\boxed{x}</answer>", "y"), half, half])
+        assert scorer.timeouts == 1
+    assert got == [0.0, 1.0, 1.0]
