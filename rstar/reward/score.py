@@ -42,6 +42,9 @@ def _warm_up() -> None:
     symbolic_equal("1", "1")
 
 
+START_TIMEOUT_S = 120
+
+
 class BatchScorer:
     """Parallel scoring. Use as a context manager, or call `close()`."""
 
@@ -69,7 +72,13 @@ class BatchScorer:
     def _get_pool(self):
         if self._pool is None:  # spawn: safe next to threads (Ray, torch) in the parent
             self._pool = mp.get_context("spawn").Pool(self.workers, initializer=_warm_up)
-            self._pool.map(int, range(self.workers), chunksize=1)  # deadlines start once workers are warm
+            try:  # items' deadlines start once workers are warm
+                self._pool.map_async(int, range(self.workers), chunksize=1).get(timeout=START_TIMEOUT_S)
+            except mp.TimeoutError:
+                self.close()
+                raise RuntimeError(f"answer-checking workers did not start within {START_TIMEOUT_S} s (a spawned "
+                                   "worker re-imports the main module: is its code under "
+                                   "`if __name__ == '__main__'`?)") from None
         return self._pool
 
     def score_many(self, items: list[ScoreItem]) -> list[float]:

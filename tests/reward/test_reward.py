@@ -124,3 +124,18 @@ def test_items_after_a_stuck_one_are_still_verified():
         got = scorer.score_many([ScoreItem("<answer>\\boxed{x}</answer>", "y"), half, half])
         assert scorer.timeouts == 1
     assert got == [0.0, 1.0, 1.0]
+
+
+def _cannot_start():
+    raise ImportError("a worker that cannot start (say, an unguarded main module)")
+
+
+def test_workers_that_never_start_raise_a_clear_error(monkeypatch):
+    import importlib
+
+    score_module = importlib.import_module("rstar.reward.score")  # rstar.reward.score is also a function
+    monkeypatch.setattr(score_module, "_warm_up", _cannot_start)
+    monkeypatch.setattr(score_module, "START_TIMEOUT_S", 3)
+    with BatchScorer(workers=1) as scorer:
+        with pytest.raises(RuntimeError, match="did not start within 3 s"):
+            scorer.score_many([ScoreItem("<answer>\\boxed{0.5}</answer>", "\\frac{1}{2}")])
