@@ -5,7 +5,8 @@ in Python and has read code next to its output; the recipe (SFT, then RL) never 
 of that. A model of a few million parameters knows nothing, so the embedded default gives it
 that knowledge first, with a language-modelling pass over generated text packed into
 fixed-length rows: notation-to-Python sentences, copy drills inside and outside chat turns,
-and interpreter sessions written as chats, with filler words drawn from the whole vocabulary.
+and interpreter sessions written as chats, around filler words drawn from the whole vocabulary
+(read as context, never predicted).
 None of it contains a problem of the RL set or the tool-call format: solving the problems with
 the tool is still left to SFT (the format) and RL.
 """
@@ -44,10 +45,9 @@ def _number(rng: random.Random) -> str:
 
 class TextSource(random.Random):
     """The seeded source of generated documents, which also knows the tokenizer's words: half
-    the filler is drawn from them, so every token's embedding is trained. Left at their random
-    initialisation (half the vocabulary: JSON keys, the problems' words, the tags), those rows
-    derailed copying in any chat that used them; with them trained, the SFT model's held-out
-    accuracy went from 0.02 to 0.23 (docs/benchmarks.md)."""
+    the filler is drawn from them, so every token's embedding is trained (as context). Left at
+    their random initialisation (half the vocabulary: JSON keys, the problems' words, the tags),
+    those rows derailed copying in any chat that used them (docs/benchmarks.md)."""
 
     def __init__(self, seed: int, tokenizer=None) -> None:
         super().__init__(seed)
@@ -58,9 +58,16 @@ class TextSource(random.Random):
             self.words = tuple(w for w in words if w and not w.isdigit())
 
 
+# Filler is marked in a document's text (and the marks removed before tokenising): it is context
+# the model reads, never a target. Trained to predict words drawn from the whole vocabulary, a
+# base learns that any word may come next anywhere, and its SFT model sampled word salad.
+CONTEXT, END_CONTEXT = "\x01", "\x02"
+
+
 def _filler(rng: TextSource, most: int = 5) -> str:
-    return " ".join(rng.choice(rng.words) if rng.words and rng.random() < 0.5 else rng.choice(_FILLER)
-                    for _ in range(rng.randint(0, most)))
+    words = " ".join(rng.choice(rng.words) if rng.words and rng.random() < 0.5 else rng.choice(_FILLER)
+                     for _ in range(rng.randint(0, most)))
+    return f"{CONTEXT}{words}{END_CONTEXT}" if words else ""
 
 
 def _expression(rng: random.Random) -> tuple[str, str]:
@@ -150,16 +157,35 @@ def document(rng: TextSource) -> str:
     return f"x = {v}\n# {_filler(rng)}\nprint(x)\n{v}"
 
 
-def packed_batch(rng: TextSource, tokenizer, rows: int, seq_len: int) -> torch.Tensor:
-    """`rows` rows of `seq_len` tokens, each filled with whole documents ended by the tokenizer's
-    EOS (the last one cut at the row's end), so no compute is spent on padding."""
-    out = []
+def encode(tokenizer, text: str) -> tuple[list[int], list[int]]:
+    """Token ids of a document and its labels: -100 (no loss) on tokens inside filler marks."""
+    clean, context, inside = [], [], False
+    for ch in text:
+        if ch in (CONTEXT, END_CONTEXT):
+            inside = ch == CONTEXT
+        else:
+            clean.append(ch)
+            context.append(inside)
+    enc = tokenizer("".join(clean), add_special_tokens=False, return_offsets_mapping=True)
+    labels = [-100 if end > start and all(context[start:end]) else i
+              for i, (start, end) in zip(enc["input_ids"], enc["offset_mapping"])]
+    return enc["input_ids"], labels
+
+
+def packed_batch(rng: TextSource, tokenizer, rows: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, labels), `rows` rows of `seq_len` tokens, each filled with whole documents ended by
+    the tokenizer's EOS (the last one cut at the row's end), so no compute is spent on padding."""
+    ids_out, labels_out = [], []
     for _ in range(rows):
         ids: list[int] = []
+        labels: list[int] = []
         while len(ids) < seq_len:
-            ids += tokenizer.encode(document(rng), add_special_tokens=False) + [tokenizer.eos_token_id]
-        out.append(ids[:seq_len])
-    return torch.tensor(out)
+            doc_ids, doc_labels = encode(tokenizer, document(rng))
+            ids += doc_ids + [tokenizer.eos_token_id]
+            labels += doc_labels + [tokenizer.eos_token_id]
+        ids_out.append(ids[:seq_len])
+        labels_out.append(labels[:seq_len])
+    return torch.tensor(ids_out), torch.tensor(labels_out)
 
 
 def pretrain(model, tokenizer, cfg: PretrainConfig, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
@@ -172,8 +198,8 @@ def pretrain(model, tokenizer, cfg: PretrainConfig, on_step: Callable[[int, dict
     model.train()
     history = []
     for step in range(1, cfg.steps + 1):
-        ids = packed_batch(rng, tokenizer, cfg.batch_size, cfg.seq_len)
-        loss = model(input_ids=ids, labels=ids).loss
+        ids, labels = packed_batch(rng, tokenizer, cfg.batch_size, cfg.seq_len)
+        loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -109,8 +109,8 @@ def train_sft(model, tokenizer, rows: list[dict], cfg: SFTConfig, out_dir: str |
                 loss.backward()
                 loss_sum += loss.item()
             if cfg.replay_rows:
-                rows_ids = packed_batch(replay_rng, tokenizer, cfg.replay_rows, PretrainConfig.seq_len)
-                model(input_ids=rows_ids, labels=rows_ids).loss.backward()
+                rows_ids, rows_labels = packed_batch(replay_rng, tokenizer, cfg.replay_rows, PretrainConfig.seq_len)
+                model(input_ids=rows_ids, labels=rows_labels).loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             opt.step()
             sched.step()

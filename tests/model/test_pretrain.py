@@ -2,7 +2,7 @@
 and a loss that actually falls."""
 
 from rstar.data import synth
-from rstar.model.pretrain import PretrainConfig, TextSource, document, packed_batch, pretrain
+from rstar.model.pretrain import CONTEXT, END_CONTEXT, PretrainConfig, TextSource, document, encode, packed_batch, pretrain
 from rstar.model.tiny import build_model
 
 
@@ -20,12 +20,12 @@ def test_documents_never_contain_an_rl_problem_or_the_tool_call_format(tokenizer
 def test_filler_trains_the_whole_vocabulary(tokenizer):
     """Rows the corpus never uses keep their random initialisation, and those derailed the
     tiny model's copying in every chat that contained them."""
-    rows = packed_batch(TextSource(0, tokenizer), tokenizer, rows=200, seq_len=192)
+    rows, _ = packed_batch(TextSource(0, tokenizer), tokenizer, rows=200, seq_len=192)
     words = {i for i in range(len(tokenizer)) if i not in tokenizer.all_special_ids
              and tokenizer.decode([i]).strip() and not tokenizer.decode([i]).strip().isdigit()}
     seen = set(rows.flatten().tolist())
     assert len(words & seen) > 0.7 * len(words)   # a piece that only occurs inside words may not
-    without = set(packed_batch(TextSource(0), tokenizer, rows=200, seq_len=192).flatten().tolist())
+    without = set(packed_batch(TextSource(0), tokenizer, rows=200, seq_len=192)[0].flatten().tolist())
     assert len(words & without) < 0.5 * len(words)   # the fixed filler list alone leaves most untrained
 
 
@@ -46,13 +46,36 @@ def test_copy_drills_vary_what_surrounds_the_copy():
 
 
 def test_packed_rows_are_full_and_made_of_whole_documents(tokenizer):
-    rows = packed_batch(TextSource(0, tokenizer), tokenizer, rows=3, seq_len=48)
-    assert rows.shape == (3, 48)
+    rows, labels = packed_batch(TextSource(0, tokenizer), tokenizer, rows=3, seq_len=48)
+    assert rows.shape == labels.shape == (3, 48)
     rng = TextSource(0, tokenizer)
     expected = []
     while len(expected) < 48:
-        expected += tokenizer.encode(document(rng), add_special_tokens=False) + [tokenizer.eos_token_id]
+        text = document(rng).replace(CONTEXT, "").replace(END_CONTEXT, "")
+        expected += tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
     assert rows[0].tolist() == expected[:48]  # whole documents in order, each ended by EOS, cut at the end
+
+
+def test_filler_is_context_never_a_target(tokenizer):
+    """Predicting words drawn from the whole vocabulary taught the base that any word may come
+    next anywhere (its SFT model sampled word salad): filler tokens carry no loss, while every
+    number (what the drills copy) and the structure around it does."""
+    rng = TextSource(0, tokenizer)
+    masked = kept = 0
+    for _ in range(300):
+        text = document(rng)
+        ids, labels = encode(tokenizer, text)
+        filler = "".join(part.split(END_CONTEXT)[0] for part in text.split(CONTEXT)[1:])
+        for i, label in zip(ids, labels):
+            piece = tokenizer.decode([i]).strip()
+            if label == -100:
+                masked += 1
+                assert piece in filler and not piece.isdigit()
+            else:
+                kept += 1
+                assert label == i
+        assert all(label == i for i, label in zip(ids, labels) if tokenizer.decode([i]).strip().isdigit())
+    assert masked > 0.1 * (masked + kept) and kept > 0.5 * (masked + kept)
 
 
 def test_pretraining_lowers_the_loss(tokenizer):

@@ -53,12 +53,12 @@ def test_replayed_pretraining_rows_keep_the_base_text_learnt(tiny_dir, tokenizer
 
     from rstar.model.pretrain import TextSource, packed_batch
 
-    held_out = packed_batch(TextSource(123, tokenizer), tokenizer, 8, 64)
+    held_out, labels = packed_batch(TextSource(123, tokenizer), tokenizer, 8, 64)
     losses = {}
     for replay in (0, 8):
         model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
         train_sft(model, tokenizer, sft.generate(32, seed=0),
                   SFTConfig(epochs=6, lr=3e-3, batch_size=16, micro_batch_size=16, replay_rows=replay))
         with torch.no_grad():
-            losses[replay] = model(input_ids=held_out, labels=held_out).loss.item()
+            losses[replay] = model(input_ids=held_out, labels=labels).loss.item()
     assert losses[8] < 0.85 * losses[0], losses
