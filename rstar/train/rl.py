@@ -91,19 +91,26 @@ class RLTrainer:
         return os.path.join(self.out_dir, "checkpoint")
 
     def save(self) -> None:
-        """Atomically replace the stage's checkpoint: HF model + tokenizer + trainer state."""
-        final, tmp = self.checkpoint_dir(), self.checkpoint_dir() + ".tmp"
+        """Replace the stage's checkpoint (HF model + tokenizer + trainer state) so that a kill
+        at any point leaves a whole one: written aside, then swapped in by two renames."""
+        final, tmp, old = self.checkpoint_dir(), self.checkpoint_dir() + ".tmp", self.checkpoint_dir() + ".old"
         shutil.rmtree(tmp, ignore_errors=True)
         self.model.save_pretrained(tmp)
         self.tok.save_pretrained(tmp)
         torch.save({"step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
                     "torch_rng": torch.get_rng_state(), "history": self.history, "stage": self.cfg.name},
                    os.path.join(tmp, STATE))
-        old = final + ".old"
+        shutil.rmtree(old, ignore_errors=True)  # left by a save killed while deleting it
         if os.path.exists(final):
             os.rename(final, old)
         os.rename(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
+
+    def _recover_checkpoint(self) -> None:
+        """A save killed between its two renames leaves the previous checkpoint as `.old`."""
+        final, old = self.checkpoint_dir(), self.checkpoint_dir() + ".old"
+        if not os.path.exists(final) and os.path.exists(os.path.join(old, STATE)):
+            os.rename(old, final)
 
     def try_resume(self) -> str:
         """Continue this stage from its own checkpoint ("resumed"), or start it from the previous
@@ -111,6 +118,7 @@ class RLTrainer:
         is not an RL checkpoint, e.g. the SFT model), or fresh."""
         from transformers import AutoModelForCausalLM
 
+        self._recover_checkpoint()
         own = os.path.join(self.checkpoint_dir(), STATE)
         source = self.checkpoint_dir() if os.path.exists(own) else self.cfg.init_from
         if source is None:

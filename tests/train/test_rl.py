@@ -43,6 +43,35 @@ async def test_rl_steps_checkpoint_and_resume(tiny_dir, tokenizer, agent_sandbox
         assert torch.allclose(a, b, atol=1e-5), name
 
 
+async def test_a_save_killed_midway_leaves_a_checkpoint_to_resume_from(tiny_dir, tokenizer, agent_sandbox, tmp_path):
+    """The two places a kill can land inside `save`: while deleting the replaced checkpoint
+    (a `.old` is left next to the new one: the next save must not trip over it), and between
+    the two renames (only `.old` is left: resume must find it)."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "c"
+    final, old = out / "checkpoint", out / "checkpoint.old"
+
+    async def resume_to(steps):
+        model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+        trainer = RLTrainer(model, tokenizer, synth.generate(10, seed=2, levels=(1,)), agent_sandbox, cfg(steps),
+                            str(out))
+        history = await trainer.run()
+        return trainer, history
+
+    await resume_to(1)
+    shutil.copytree(final, old)  # killed while deleting the replaced checkpoint
+    trainer, history = await resume_to(2)
+    assert trainer.started_as == "resumed" and [h["step"] for h in history] == [1, 2]
+    assert not old.exists()
+
+    os.rename(final, old)  # killed between the renames: only the previous checkpoint is left
+    trainer, history = await resume_to(3)
+    assert trainer.started_as == "resumed" and [h["step"] for h in history] == [1, 2, 3]
+
+
 async def test_next_stage_starts_from_the_previous_one(tiny_dir, tokenizer, agent_sandbox, tmp_path):
     from transformers import AutoModelForCausalLM
 
