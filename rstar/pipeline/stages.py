@@ -88,6 +88,17 @@ def _progress(log, stage: str, step: int, total: int, metrics: dict) -> None:
         print(f"[{stage}] step {step}/{total} loss {metrics['loss']:.3f}", flush=True)
 
 
+def _copy_probe(model, tokenizer, log, recipe: Recipe, *, chat: bool) -> dict:
+    """Greedy copying probes (rstar.eval.copying), logged as copy/*: the first thing to look at
+    when accuracy is low, since every solution copies numbers twice."""
+    from rstar.eval.copying import copy_probe
+
+    scores = {f"copy_{k}": v for k, v in copy_probe(model, tokenizer, chat=chat,
+                                                   prompt_style=recipe.prompt_style).items()}
+    log.metrics(0, scores)
+    return scores
+
+
 # -- stages -----------------------------------------------------------------------------------
 def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     """The model SFT starts from: built and pretrained here, or taken from a path/hub name."""
@@ -108,9 +119,10 @@ def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     history = pretrain(model, tok, PretrainConfig(steps=spec.pretrain_steps, batch_size=spec.pretrain_batch,
                                                   seq_len=spec.pretrain_seq_len, lr=spec.pretrain_lr, seed=spec.seed),
                        on_step=lambda s, m: _progress(log, "pretrain", s, spec.pretrain_steps, m))
+    copying = _copy_probe(model, tok, log, recipe, chat=False)
     return _model_output(_save(model, tok, layout.model("base")), "base",
                          {"pretrain_loss": history[-1]["loss"] if history else None,
-                          "parameters": sum(p.numel() for p in model.parameters())})
+                          "parameters": sum(p.numel() for p in model.parameters()), **copying})
 
 
 def problems(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
@@ -161,7 +173,9 @@ def sft(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     steps = cfg.epochs * -(-len(rows) // cfg.batch_size)
     history = train_sft(model, tok, rows, cfg, on_step=lambda s, m: _progress(log, "sft", s, steps, m))
     log.curves(history, ["loss", "lr", "grad_norm"], "sft_curves.png")
-    return _model_output(_save(model, tok, layout.model("sft")), "sft", {"final_loss": history[-1]["loss"]})
+    copying = _copy_probe(model, tok, log, recipe, chat=True)
+    return _model_output(_save(model, tok, layout.model("sft")), "sft",
+                         {"final_loss": history[-1]["loss"], **copying})
 
 
 def _work_dir(recipe: Recipe, layout: Layout, stage: str, inputs: dict) -> tuple[str, str]:

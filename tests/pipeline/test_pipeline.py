@@ -134,6 +134,9 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     history = c.get_metric_history(children["rl1"].info.run_id, "rl1/accuracy")
     assert [m.step for m in history] == [1, 2, 3]                     # per-step trainer metrics
     assert "curves/rl1_curves.png" in [a.path for a in c.list_artifacts(children["rl1"].info.run_id, "curves")]
+    assert set(children["base"].data.metrics) >= {"copy_repeat"}                         # copying probes
+    assert set(children["sft"].data.metrics) >= {"copy_repeat", "copy_into_call", "copy_read_back"}
+    assert 0 <= outs["sft"]["metrics"]["copy_read_back"] <= 1
     problems_inputs = {d.dataset.name: d.dataset.digest for d in children["problems"].inputs.dataset_inputs}
     assert problems_inputs["train_problems"] == outs["problems"]["train_digest"] != "-"
 
