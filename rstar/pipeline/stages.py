@@ -89,7 +89,7 @@ def _progress(log, stage: str, step: int, total: int, metrics: dict) -> None:
 
 
 def _copy_probe(model, tokenizer, log, recipe: Recipe, *, chat: bool) -> dict:
-    """Greedy copying probes (rstar.eval.copying), logged as copy/*: the first thing to look at
+    """Greedy copying probes (rstar.eval.copying), logged as copy_*: the first thing to look at
     when accuracy is low, since every solution copies numbers twice."""
     from rstar.eval.copying import copy_probe
 
