@@ -59,13 +59,7 @@ def _load(uri: str):
 def _publish(uri: str, fill) -> str:
     """Store a finished model directory at `uri` atomically: `fill(tmp_dir)` writes it, then
     it replaces the old one whole (and is pushed, for a remote root)."""
-    local = dirs.local_dir(uri)
-    tmp = local + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    fill(tmp)
-    shutil.rmtree(local, ignore_errors=True)
-    os.makedirs(os.path.dirname(local), exist_ok=True)
-    os.rename(tmp, local)
+    dirs.replace_dir(dirs.local_dir(uri), fill)
     dirs.push(uri)
     return uri
 

@@ -19,6 +19,28 @@ from rstar.storage import atomic_write_text, filesystem, is_remote
 POINTER = "latest.json"
 
 
+def replace_dir(path: str, fill) -> str:
+    """Write a local directory whole: `fill(tmp)` writes it beside `path`, then two renames swap
+    it in, so a kill at any point leaves either the old or the new directory (the old one as
+    `path.old` if the kill fell between the renames: `recover_dir` puts it back)."""
+    tmp, old = path + ".tmp", path + ".old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    fill(tmp)
+    shutil.rmtree(old, ignore_errors=True)  # left by a replacement killed while deleting it
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if os.path.exists(path):
+        os.rename(path, old)
+    os.rename(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def recover_dir(path: str) -> None:
+    """Undo a `replace_dir` killed between its two renames: the previous directory comes back."""
+    if not os.path.exists(path) and os.path.exists(path + ".old"):
+        os.rename(path + ".old", path)
+
+
 def local_dir(uri: str) -> str:
     """Where this machine keeps (or finds) the directory stored at `uri`."""
     if not is_remote(uri):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from rstar.data.io import write_table
 from rstar.reward.score import BatchScorer
 from rstar.rollout.hf_engine import HFEngine
 from rstar.rollout.runner import rollout, summarize
+from rstar.storage import dirs
 
 
 @dataclass
@@ -91,26 +91,16 @@ class RLTrainer:
         return os.path.join(self.out_dir, "checkpoint")
 
     def save(self) -> None:
-        """Replace the stage's checkpoint (HF model + tokenizer + trainer state) so that a kill
-        at any point leaves a whole one: written aside, then swapped in by two renames."""
-        final, tmp, old = self.checkpoint_dir(), self.checkpoint_dir() + ".tmp", self.checkpoint_dir() + ".old"
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp)
-        self.tok.save_pretrained(tmp)
-        torch.save({"step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                    "torch_rng": torch.get_rng_state(), "history": self.history, "stage": self.cfg.name},
-                   os.path.join(tmp, STATE))
-        shutil.rmtree(old, ignore_errors=True)  # left by a save killed while deleting it
-        if os.path.exists(final):
-            os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        """Replace the stage's checkpoint (HF model + tokenizer + trainer state) whole, so a
+        kill at any point leaves one to resume from (`rstar.storage.dirs.replace_dir`)."""
+        def fill(tmp: str) -> None:
+            self.model.save_pretrained(tmp)
+            self.tok.save_pretrained(tmp)
+            torch.save({"step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                        "torch_rng": torch.get_rng_state(), "history": self.history, "stage": self.cfg.name},
+                       os.path.join(tmp, STATE))
 
-    def _recover_checkpoint(self) -> None:
-        """A save killed between its two renames leaves the previous checkpoint as `.old`."""
-        final, old = self.checkpoint_dir(), self.checkpoint_dir() + ".old"
-        if not os.path.exists(final) and os.path.exists(os.path.join(old, STATE)):
-            os.rename(old, final)
+        dirs.replace_dir(self.checkpoint_dir(), fill)
 
     def try_resume(self) -> str:
         """Continue this stage from its own checkpoint ("resumed"), or start it from the previous
@@ -118,7 +108,7 @@ class RLTrainer:
         is not an RL checkpoint, e.g. the SFT model), or fresh."""
         from transformers import AutoModelForCausalLM
 
-        self._recover_checkpoint()
+        dirs.recover_dir(self.checkpoint_dir())
         own = os.path.join(self.checkpoint_dir(), STATE)
         source = self.checkpoint_dir() if os.path.exists(own) else self.cfg.init_from
         if source is None:
