@@ -17,7 +17,7 @@ def rollout_command(
     k: int = typer.Option(8, help="Rollouts per problem."),
     limit: int = typer.Option(0, help="Use only the first N problems (0: all)."),
     max_turns: int = typer.Option(10), max_response_tokens: int = typer.Option(1024),
-    temperature: float = typer.Option(1.0), max_batch: int = typer.Option(32),
+    temperature: float = typer.Option(1.0), max_batch: int = typer.Option(64),
     sandbox: str = typer.Option("", help="URL of a sandbox service (default: executors in this process)."),
     seed: int = typer.Option(0),
 ) -> None:

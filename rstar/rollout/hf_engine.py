@@ -41,7 +41,7 @@ def _pad_left(t: torch.Tensor, to: int) -> torch.Tensor:
 
 
 class HFEngine:
-    def __init__(self, model, *, max_batch: int = 32, seed: int = 0, max_model_len: int | None = None) -> None:
+    def __init__(self, model, *, max_batch: int = 64, seed: int = 0, max_model_len: int | None = None) -> None:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.max_batch = max_batch
@@ -100,8 +100,8 @@ class HFEngine:
     @torch.no_grad()
     def _step(self, joining: list[_Seq]) -> list[_Seq]:
         with self._lock:
-            for seq in joining:
-                self._prefill(seq)
+            if joining:
+                self._prefill(joining)
             done = self._retire()  # a first token can already end a request
             if not self._active:
                 return done
@@ -118,12 +118,20 @@ class HFEngine:
             self.steps += 1
             return done + self._retire()
 
-    def _prefill(self, seq: _Seq) -> None:
-        ids = torch.tensor([seq.prompt_ids], device=self.device)
-        out = self.model(input_ids=ids, use_cache=True)
-        layers = [(k, v) for k, v in self._layers(out.past_key_values)]
-        seq.length = len(seq.prompt_ids)
-        width = max(self._width, seq.length)
+    def _prefill(self, seqs: list[_Seq]) -> None:
+        """Pre-fill the joining requests in one forward pass, left-padded as the running batch
+        is (one pass per request cost as much as all the decoding: a later turn's prompt holds
+        the whole conversation so far)."""
+        longest = max(len(s.prompt_ids) for s in seqs)
+        ids = torch.zeros(len(seqs), longest, dtype=torch.long, device=self.device)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(seqs):
+            ids[i, longest - len(s.prompt_ids):] = torch.tensor(s.prompt_ids, device=self.device)
+            mask[i, longest - len(s.prompt_ids):] = 1
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                         use_cache=True)
+        layers = self._layers(out.past_key_values)
+        width = max(self._width, longest)
         if self._cache is None:
             self._cache = layers
         else:
@@ -131,8 +139,10 @@ class HFEngine:
                             torch.cat([_pad_left(v0, width), _pad_left(v1, width)]))
                            for (k0, v0), (k1, v1) in zip(self._cache, layers)]
         self._width = width
-        self._active.append(seq)
-        self._sample(seq, out.logits[0, -1, :])
+        for s, logits in zip(seqs, out.logits[:, -1, :]):
+            s.length = len(s.prompt_ids)
+            self._active.append(s)
+            self._sample(s, logits)
 
     def _attention_mask(self, extra: int) -> torch.Tensor:
         mask = torch.zeros(len(self._active), self._width + extra, dtype=torch.long, device=self.device)

@@ -21,19 +21,26 @@ def reference_greedy(model, prompt, n):
     return out[0, len(prompt):].tolist()
 
 
-async def test_batched_greedy_matches_unbatched(model):
+@pytest.mark.parametrize("stagger", [0.01, 0.0])
+async def test_batched_greedy_matches_unbatched(model, stagger):
+    """Requests that join a batch already decoding (stagger), or arrive together and are
+    pre-filled in one left-padded pass, decode what each would alone."""
     engine = HFEngine(model, max_batch=8)
     prompts = [[5 + i] * (3 + 7 * i) for i in range(6)]  # different lengths
     max_tokens = [12, 5, 20, 9, 16, 3]
 
     async def one(i):
-        await asyncio.sleep(0.01 * i)  # requests join a batch that is already decoding
+        await asyncio.sleep(stagger * i)
         return await engine.generate(f"r{i}", prompts[i], {"max_tokens": max_tokens[i], "temperature": 0})
 
     gens = await asyncio.gather(*(one(i) for i in range(6)))
     await engine.close()
     for p, n, g in zip(prompts, max_tokens, gens):
         assert g.token_ids == reference_greedy(model, p, n)
+        with torch.no_grad():  # the same distributions, not only the same argmax (positions, padding)
+            logits = model(torch.tensor([p + g.token_ids])).logits[0, len(p) - 1:-1]
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
+        assert g.log_probs == pytest.approx(expected.tolist(), abs=1e-4)
         assert g.stop_reason == "length" and len(g.log_probs) == len(g.entropies) == n
         assert all(lp <= 0 for lp in g.log_probs) and all(e >= 0 for e in g.entropies)
     assert engine.steps < sum(max_tokens) - 6  # several sequences advanced per step
