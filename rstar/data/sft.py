@@ -18,6 +18,7 @@ import sys
 
 from rstar.data import check_names
 from rstar.data.io import DataError
+from rstar.data.notation import expression
 from rstar.sandbox.result import ExecResult, Status
 
 TOOL = "execute_python_code_with_standard_io"
@@ -138,6 +139,22 @@ def _calc(rng):
                               f"print({expr})", "The tool printed the value.", eval(expr))  # noqa: S307 - generated
 
 
+_ASK_ARITH = ("What is {}?", "Evaluate {}.", "Work out {}.", "How much is {}?", "Give the value of {}.")
+
+
+def _arith(rng, with_tool: bool):
+    """Arithmetic asked in math notation, with no word about tools. A general chat set answers
+    such questions sometimes by running code and often straight away, right or not; listing
+    `arith_tool` and `arith_direct` in a ratio sets how often the SFT model reaches for the tool
+    unprompted, which RL then has to raise where the numbers are too big to do in one's head."""
+    notation, code = expression(rng, words=False)
+    ask, value = rng.choice(_ASK_ARITH).format(notation), eval(code)  # noqa: S307 - generated
+    if with_tool:
+        return "arith_tool", _with_tool(ask, "I will print the value of the expression.", f"print({code})",
+                                        "The tool printed the value.", value)
+    return "arith_direct", [{"role": "user", "content": ask}, _answer("I know this one.", value)]
+
+
 def _no_tool(rng):
     w = rng.choice(_WORDS)
     kind = rng.randrange(3)
@@ -153,7 +170,8 @@ def _no_tool(rng):
 
 TASKS = {"reverse": _reverse, "count_letter": _count_letter, "sort_words": _sort_words, "word_count": _word_count,
          "longest_word": _longest_word, "error_recovery": _error_recovery, "stdin": _stdin_echo, "calc": _calc,
-         "instruction": _no_tool}
+         "instruction": _no_tool, "arith_tool": lambda rng: _arith(rng, True),
+         "arith_direct": lambda rng: _arith(rng, False)}
 
 
 def generate(n: int, *, seed: int = 0, tasks: list[str] | None = None) -> list[dict]:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 
-from rstar.agent.format import CHAT_TEMPLATE, EOS, IM_END, IM_START, STYLES, render
+from rstar.agent.format import CHAT_TEMPLATE, EOS, IM_END, IM_START, STYLES, TOOL_NAME, render
 
 SPECIAL = [EOS, IM_START, IM_END]
+# The tool's name is one token too: split into 11 pieces (five "_"), it was where RL updates
+# garbled the call first (`execute_python_with_with_standard_standard_io`, docs/benchmarks.md).
 FORMAT_TAGS = ["<reason>", "</reason>", "<answer>", "</answer>", "<tool_call>", "</tool_call>",
-               "<tool_response>", "</tool_response>", "\\boxed"]
+               "<tool_response>", "</tool_response>", "\\boxed", TOOL_NAME]
 
 
 def tokenizer_corpus(n_problems: int = 3000, n_sft: int = 1500, seed: int = 0) -> list[str]:

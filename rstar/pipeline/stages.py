@@ -219,7 +219,7 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
     def on_step(step: int, metrics: dict) -> None:
         log.metrics(step, metrics, prefix=f"{stage}/")
         print(f"[{stage}] step {step}/{cfg.steps} accuracy {metrics['accuracy']:.3f} tool errors "
-              f"{metrics['tool_error_rate']:.3f} (in kept correct {metrics['tool_error_rate_positive_kept']:.3f}) "
+              f"{metrics['tool_error_rate']:.3f} (in correct {metrics['tool_error_rate_positive']:.3f}) "
               f"length {metrics['response_len_mean']:.0f}", flush=True)
         dirs.push(ckpt_uri, os.path.join(work, "checkpoint"))  # for a remote root: a new version
 
@@ -231,7 +231,7 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
 
     history, trainer = asyncio.run(main())
     log.tag("rstar.started_as", trainer.started_as)  # "resumed" after a retry picked up a checkpoint
-    log.curves(history, ["accuracy", "tool_error_rate", "tool_error_rate_positive_kept", "response_len_mean"],
+    log.curves(history, ["accuracy", "tool_error_rate", "tool_error_rate_positive", "response_len_mean"],
                f"{stage}_curves.png")
     log.dataset(layout.trajectories(stage), f"{stage}_trajectories", digest(layout.trajectories(stage)),
                 context="output")
@@ -240,8 +240,8 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
     # carry the AdamW moments over (unless it resets them).
     final = _publish(layout.model(stage), lambda tmp: shutil.copytree(os.path.join(work, "checkpoint"), tmp))
     return {**_model_output(final, stage,
-                            {k: last.get(k) for k in ("accuracy", "tool_error_rate", "tool_error_rate_positive_kept",
-                                                      "response_len_mean")}),
+                            {k: last.get(k) for k in ("accuracy", "tool_error_rate", "tool_error_rate_positive",
+                                                      "tool_error_rate_positive_kept", "response_len_mean")}),
             "trajectories": layout.trajectories(stage), "steps": len(history)}
 
 

@@ -226,12 +226,16 @@ def _mini_batches(group_ids: list[str], n: int) -> list[list[int]]:
 
 
 def summarize_step(records: list[dict], kept: list[dict]) -> dict:
-    """Rollout metrics plus what RoC kept: the tool-error rate inside kept correct trajectories
-    is the number RoC is meant to drive down."""
+    """Rollout metrics plus the tool-error rate inside correct trajectories: among all sampled
+    (what the policy does: the paper's measure, which RoC is meant to drive down) and among
+    those RoC kept for the update (lower by selection alone)."""
     metrics = {k: v for k, v in summarize(records).items() if k != "finish_reasons"}
-    pos_kept = [r for r in kept if r["reward"] > 0]
-    pos_calls = sum(r["num_tool_calls"] for r in pos_kept)
-    metrics["tool_error_rate_positive_kept"] = (sum(r["num_tool_errors"] for r in pos_kept) / pos_calls
-                                                if pos_calls else 0.0)
+    metrics["tool_error_rate_positive"] = _tool_error_rate([r for r in records if r["reward"] > 0])
+    metrics["tool_error_rate_positive_kept"] = _tool_error_rate([r for r in kept if r["reward"] > 0])
     metrics["kept"] = len(kept)
     return metrics
+
+
+def _tool_error_rate(rows: list[dict]) -> float:
+    calls = sum(r["num_tool_calls"] for r in rows)
+    return sum(r["num_tool_errors"] for r in rows) / calls if calls else 0.0

@@ -153,3 +153,20 @@ def test_calc_operands_are_spread_so_none_can_be_memorised():
         bases.update(re.findall(r"(\d+)\*\*", code))
     assert operands.most_common(1)[0][1] < 0.06 * sum(operands.values())  # a one-digit value: ~4%
     assert sum(bases.values()) > 50 and bases.most_common(1)[0][1] < 0.1 * sum(bases.values()), bases.most_common(3)
+
+
+def test_arithmetic_is_answered_with_the_tool_or_straight_away_in_the_listed_ratio():
+    """arith_tool and arith_direct ask the same kind of question; the task list's ratio is how
+    often the SFT model reaches for the tool unprompted. Both answers are right."""
+    rows = sft.generate(80, seed=4, tasks=["arith_tool", "arith_direct", "arith_direct", "arith_direct"])
+    assert [r["task"] for r in rows].count("arith_tool") == 20
+    for r in rows:
+        msgs = json.loads(r["messages"])
+        assert msgs[0]["role"] == "user" and "python" not in msgs[0]["content"].lower()
+        if r["task"] == "arith_tool":
+            code = msgs[1]["tool_calls"][0]["arguments"]["code"]
+            value = eval(code.removeprefix("print(").removesuffix(")"))  # noqa: S307 - generated
+            assert msgs[2]["content"].strip() == str(value) and len(msgs) == 4
+        else:
+            assert len(msgs) == 2 and "tool_calls" not in msgs[1]
+        assert extract_answer(msgs[-1]["content"]) is not None

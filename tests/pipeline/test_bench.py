@@ -8,7 +8,7 @@ def test_accuracy_weights_benchmarks_by_questions():
 
 
 def test_ablation_plot_is_a_png(tmp_path):
-    hist = {m: [{"step": s, "tool_error_rate_positive_kept": 0.5 / s, "accuracy": 0.1 * s} for s in (1, 2, 3)]
+    hist = {m: [{"step": s, "tool_error_rate_positive": 0.5 / s, "accuracy": 0.1 * s} for s in (1, 2, 3)]
             for m in ("roc", "grpo")}
     path = tmp_path / "ablation.png"
     plot_ablation(hist, str(path))

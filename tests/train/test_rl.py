@@ -26,7 +26,7 @@ async def run_trainer(tiny_dir, tokenizer, sandbox, out, steps):
 async def test_rl_steps_checkpoint_and_resume(tiny_dir, tokenizer, agent_sandbox, tmp_path):
     straight, hist = await run_trainer(tiny_dir, tokenizer, agent_sandbox, str(tmp_path / "a"), 3)
     assert [h["step"] for h in hist] == [1, 2, 3]
-    for key in ("reward_mean", "accuracy", "tool_calls_per_rollout", "tool_error_rate",
+    for key in ("reward_mean", "accuracy", "tool_calls_per_rollout", "tool_error_rate", "tool_error_rate_positive",
                 "tool_error_rate_positive_kept", "format_violation_rate", "response_len_mean", "response_len_p95",
                 "truncation_rate", "clip_fraction", "entropy", "tokens_per_s", "time_rollout_s", "time_tool_s",
                 "time_update_s", "lr", "grad_norm"):
@@ -133,3 +133,19 @@ async def test_mini_batches_take_several_optimizer_steps_per_rollout_batch(tiny_
     assert hist[-1]["optimizer_steps"] == 2
     assert all(int(s["step"]) == 2 for s in trainer.opt.state.values())   # AdamW counted two updates
     assert trainer.sched.last_epoch == 1                                  # the lr schedule counts RL steps
+
+
+def test_tool_errors_in_correct_trajectories_sampled_and_kept():
+    """The ablation's measure is over every correct trajectory sampled (the policy's behaviour);
+    the kept ones are reported beside it, and only correct ones count in either."""
+    from rstar.train.rl import summarize_step
+
+    def rec(reward, calls, errors):
+        return {"reward": reward, "num_tool_calls": calls, "num_tool_errors": errors, "response_len": 10,
+                "entropies": [0.5], "response_mask": [1], "num_answers": 1, "finish_reason": "answered"}
+
+    records = [rec(1.0, 2, 1), rec(1.0, 2, 0), rec(0.0, 4, 4)]
+    m = summarize_step(records, kept=[records[1], records[2]])
+    assert m["tool_error_rate_positive"] == 0.25        # 1 error in 4 calls of the two correct ones
+    assert m["tool_error_rate_positive_kept"] == 0.0    # the kept correct one had none
+    assert m["tool_error_rate"] == 5 / 8 and m["kept"] == 2
