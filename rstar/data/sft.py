@@ -126,6 +126,12 @@ def _stdin_echo(rng):
         _answer("The tool printed the capitalised word.", w.upper())]
 
 
+def _printed(ask: str, expr: str) -> list[dict]:
+    """`ask` answered by printing the Python expression `expr` and reading its value back."""
+    return _with_tool(ask, "I will print the value of the expression.", f"print({expr})",
+                      "The tool printed the value.", eval(expr))  # noqa: S307 - generated arithmetic
+
+
 def _calc(rng):
     """Arithmetic written in Python syntax, operands of one to three digits in any position
     (a model that only saw small second operands breaks its JSON after a long one)."""
@@ -135,8 +141,7 @@ def _calc(rng):
                        f"({a}+{b})*{c}", f"{a}*{b}*{c}", f"pow({a}, {d}, {m})", f"{base}**{d} % {m}"])
     ask = rng.choice(["Use Python to evaluate {}.", "Calculate {} with the tool.", "What does Python print for {}?",
                       "Run {} in Python and report the value.", "Please compute {} exactly, using code."])
-    return "calc", _with_tool(ask.format(expr), "I will print the value of the expression.",
-                              f"print({expr})", "The tool printed the value.", eval(expr))  # noqa: S307 - generated
+    return "calc", _printed(ask.format(expr), expr)
 
 
 _ASK_ARITH = ("What is {}?", "Evaluate {}.", "Work out {}.", "How much is {}?", "Give the value of {}.")
@@ -148,11 +153,11 @@ def _arith(rng, with_tool: bool):
     `arith_tool` and `arith_direct` in a ratio sets how often the SFT model reaches for the tool
     unprompted, which RL then has to raise where the numbers are too big to do in one's head."""
     notation, code = expression(rng, words=False)
-    ask, value = rng.choice(_ASK_ARITH).format(notation), eval(code)  # noqa: S307 - generated
+    ask = rng.choice(_ASK_ARITH).format(notation)
     if with_tool:
-        return "arith_tool", _with_tool(ask, "I will print the value of the expression.", f"print({code})",
-                                        "The tool printed the value.", value)
-    return "arith_direct", [{"role": "user", "content": ask}, _answer("I know this one.", value)]
+        return "arith_tool", _printed(ask, code)
+    return "arith_direct", [{"role": "user", "content": ask},
+                            _answer("I know this one.", eval(code))]  # noqa: S307 - generated arithmetic
 
 
 def _no_tool(rng):

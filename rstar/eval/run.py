@@ -13,7 +13,7 @@ from rstar.agent.loop import AgentLoop
 from rstar.eval.benchmarks import chosen_option, extract_letter, shuffled_choice_prompt
 from rstar.eval.metrics import avg_pass_at_1, majority_vote, pass_at_k
 from rstar.reward import verify
-from rstar.rollout.runner import rollout
+from rstar.rollout.runner import rollout, tool_error_rate
 
 
 @dataclass
@@ -115,7 +115,7 @@ def summarize_eval(records: list[dict], problems: dict[str, dict], k: int) -> di
             "response_len_mean": statistics.fmean(lengths),
             "response_len_p95": lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))],
             "tool_calls_per_answer": calls / len(rows),
-            "tool_error_rate": sum(r["num_tool_errors"] for r in rows) / calls if calls else 0.0,
+            "tool_error_rate": tool_error_rate(rows),
             "finish_reasons": {f: sum(r["finish_reason"] == f for r in rows)
                                for f in sorted({r["finish_reason"] for r in rows})},
         }

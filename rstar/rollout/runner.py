@@ -38,6 +38,12 @@ async def rollout(loop: AgentLoop, problems: list[dict], k: int, *, stage: str =
     return records
 
 
+def tool_error_rate(records: list[dict]) -> float:
+    """Tool errors per tool call over `records` (0 when they made no call)."""
+    calls = sum(r["num_tool_calls"] for r in records)
+    return sum(r["num_tool_errors"] for r in records) / calls if calls else 0.0
+
+
 def summarize(records: list[dict], wall_s: float | None = None) -> dict:
     """The headline numbers of a set of rollouts (trajectories-schema rows)."""
     n = len(records) or 1
@@ -49,7 +55,7 @@ def summarize(records: list[dict], wall_s: float | None = None) -> dict:
         "reward_mean": sum(r["reward"] for r in records) / n,
         "accuracy": sum(r["reward"] > 0 for r in records) / n,
         "tool_calls_per_rollout": calls / n,
-        "tool_error_rate": sum(r["num_tool_errors"] for r in records) / calls if calls else 0.0,
+        "tool_error_rate": tool_error_rate(records),
         "format_violation_rate": sum(r["num_answers"] != 1 for r in records) / n,
         "truncation_rate": sum(r["finish_reason"] == "length_limit" for r in records) / n,
         "response_len_mean": statistics.fmean(lengths),

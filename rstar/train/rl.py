@@ -19,7 +19,7 @@ from rstar.algo.roc import RoCConfig, Sample, p_err, p_format, select
 from rstar.data.io import write_table
 from rstar.reward.score import BatchScorer
 from rstar.rollout.hf_engine import HFEngine
-from rstar.rollout.runner import rollout, summarize
+from rstar.rollout.runner import rollout, summarize, tool_error_rate
 from rstar.storage import dirs
 
 
@@ -230,12 +230,7 @@ def summarize_step(records: list[dict], kept: list[dict]) -> dict:
     (what the policy does: the paper's measure, which RoC is meant to drive down) and among
     those RoC kept for the update (lower by selection alone)."""
     metrics = {k: v for k, v in summarize(records).items() if k != "finish_reasons"}
-    metrics["tool_error_rate_positive"] = _tool_error_rate([r for r in records if r["reward"] > 0])
-    metrics["tool_error_rate_positive_kept"] = _tool_error_rate([r for r in kept if r["reward"] > 0])
+    metrics["tool_error_rate_positive"] = tool_error_rate([r for r in records if r["reward"] > 0])
+    metrics["tool_error_rate_positive_kept"] = tool_error_rate([r for r in kept if r["reward"] > 0])
     metrics["kept"] = len(kept)
     return metrics
-
-
-def _tool_error_rate(rows: list[dict]) -> float:
-    calls = sum(r["num_tool_calls"] for r in rows)
-    return sum(r["num_tool_errors"] for r in rows) / calls if calls else 0.0

@@ -63,16 +63,17 @@ def test_what_cannot_be_predicted_is_context_never_a_target(tokenizer):
     that any word may come next anywhere), nor does a number's first occurrence (a random number
     cannot be predicted, only copied later). Every number that is a target was said before."""
     rng = TextSource(0, tokenizer)
-    copied = given = 0
+    copied = given = masked = kept = 0
     for _ in range(300):
         text = document(rng)
         ids, labels = encode(tokenizer, text)
         clean = text.replace(CONTEXT, "").replace(END_CONTEXT, "")
-        filler = "".join(part.split(END_CONTEXT)[0] for part in text.split(CONTEXT)[1:])
+        context = "".join(part.split(END_CONTEXT)[0] for part in text.split(CONTEXT)[1:])
         offsets = tokenizer(clean, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
         for i, label in zip(ids, labels):
             assert label in (-100, i)
-            assert label == i or tokenizer.decode([i]).strip() in filler
+            assert label == i or tokenizer.decode([i]).strip() in context
+            masked, kept = masked + (label == -100), kept + (label == i)
         for number in re.finditer(r"\d+", clean):
             targets = [label != -100 for (start, end), label in zip(offsets, labels)
                        if start < number.end() and end > number.start()]
@@ -82,6 +83,7 @@ def test_what_cannot_be_predicted_is_context_never_a_target(tokenizer):
             else:
                 given += 1
     assert copied > 0.3 * (copied + given) and given > 0.3 * (copied + given)
+    assert masked > 0.1 * (masked + kept) and kept > 0.5 * (masked + kept)
 
 
 def test_pretraining_lowers_the_loss(tokenizer):
