@@ -7,7 +7,7 @@ run: setup
 	.venv/bin/rstar pipeline run --config configs/tiny.yaml
 
 test: setup
-	.venv/bin/python -m pytest -q
+	PYTHONFAULTHANDLER=1 .venv/bin/python -m pytest -q
 
 bench: setup
 	.venv/bin/rstar sandbox bench

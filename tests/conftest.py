@@ -1,5 +1,6 @@
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -18,6 +19,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_session = None
+
+
+def pytest_sessionstart(session):
+    global _session
+    _session = session
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """End the test process without interpreter finalisation. Prefect, fsspec and Ray's gRPC
+    leave daemon threads running; tearing their native state down under them segfaulted once
+    in CI after every test had passed (exit 139 instead of 0). By now every fixture is torn
+    down and pytest has reported, so nothing is left to flush but the streams."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(_session.exitstatus) if _session is not None else 0)
 
 
 @pytest.fixture(scope="session")
