@@ -24,5 +24,9 @@ def expression(rng: random.Random, words: bool = True) -> tuple[str, str]:
         forms += [(f"{a} multiplied by {b}", f"{a}*{b}"), (f"the product of {a} and {b}", f"{a}*{b}"),
                   (f"{c} multiplied by itself {e} times", f"{c}**{e}"),
                   (f"the remainder when {a} is divided by {m}", f"{a}%{m}"),
-                  (f"the remainder when {c}^{d} is divided by {m}", f"pow({c}, {d}, {m})")]
+                  (f"the remainder when {c}^{d} is divided by {m}", f"pow({c}, {d}, {m})"),
+                  (f"{a} and {b} multiplied together", f"{a}*{b}"), (f"{c} raised to the power {e}", f"{c}**{e}"),
+                  (f"multiplying {c} by itself {e} times", f"{c}**{e}"),
+                  (f"the remainder of {a} on division by {m}", f"{a}%{m}"),
+                  (f"{c} raised to the power {d}, modulo {m}", f"pow({c}, {d}, {m})")]
     return rng.choice(forms)

@@ -31,10 +31,14 @@ def simulate_tool(code: str, stdin: str = "") -> str:
     """What the sandbox's tool response would say for trusted, generated `code` (run here)."""
     from rstar.sandbox import runner
 
+    try:
+        body, last = runner.prepare(code, True)
+    except SyntaxError as e:  # answered as the sandbox answers a snippet that does not compile
+        message = runner.compile_error(e)
+        return ExecResult(status=Status.ERROR, stderr=message, reason=message.strip().splitlines()[-1]).tool_text()
     out = io.StringIO()
     saved_stdin = sys.stdin
     try:
-        body, last = runner.prepare(code, True)
         sys.stdin = io.StringIO(stdin)
         with contextlib.redirect_stdout(out):
             ns: dict = {"__name__": "__main__"}
@@ -115,6 +119,30 @@ def _error_recovery(rng):
         _answer("After fixing the typo the tool printed the length.", len(w))]
 
 
+# Slips a first call makes in arithmetic, each a tool error: a misspelt name, a lost or doubled
+# closing parenthesis.
+_SLIPS = (lambda e: f"prnt({e})", lambda e: f"print({e}", lambda e: f"print({e}))")
+
+
+def _arith_recover(rng):
+    """Arithmetic in notation whose first call has a slip: the error comes back and the fixed
+    call is read back. The SFT model makes such slips itself at about this task's share of
+    tool calls; RL then decides whether a correct answer reached through an error is as good
+    as a clean one (plain GRPO: yes; RoC: it prefers clean ones)."""
+    notation, code = expression(rng, words=False)
+    bad = rng.choice(_SLIPS)(code)
+    good = f"print({code})"
+    return "arith_recover", [
+        {"role": "user", "content": rng.choice(_ASK_ARITH).format(notation)},
+        {"role": "assistant", "content": "<reason>I will print the value of the expression.</reason>",
+         "tool_calls": [_call(bad)]},
+        {"role": "tool", "content": simulate_tool(bad)},
+        {"role": "assistant", "content": "<reason>The tool reported an error in my code; I will fix it and run "
+                                         "it again.</reason>", "tool_calls": [_call(good)]},
+        {"role": "tool", "content": simulate_tool(good)},
+        _answer("The tool printed the value.", eval(code))]  # noqa: S307 - generated arithmetic
+
+
 def _stdin_echo(rng):
     w = rng.choice(_WORDS)
     code = "s = input()\nprint(s.upper())"
@@ -176,7 +204,7 @@ def _no_tool(rng):
 TASKS = {"reverse": _reverse, "count_letter": _count_letter, "sort_words": _sort_words, "word_count": _word_count,
          "longest_word": _longest_word, "error_recovery": _error_recovery, "stdin": _stdin_echo, "calc": _calc,
          "instruction": _no_tool, "arith_tool": lambda rng: _arith(rng, True),
-         "arith_direct": lambda rng: _arith(rng, False)}
+         "arith_direct": lambda rng: _arith(rng, False), "arith_recover": _arith_recover}
 
 
 def generate(n: int, *, seed: int = 0, tasks: list[str] | None = None) -> list[dict]:

@@ -31,6 +31,17 @@ def test_sft_examples_teach_the_format():
         assert "divisor" not in row["messages"] and "prime" not in row["messages"]
 
 
+def test_arith_recover_fails_once_then_reads_back_the_fixed_call():
+    for row in sft.generate(30, seed=3, tasks=["arith_recover"]):
+        msgs = json.loads(row["messages"])
+        tools = [m["content"] for m in msgs if m["role"] == "tool"]
+        assert len(tools) == 2
+        assert "Error" in tools[0].splitlines()[-1] and "Error" not in tools[1]
+        first, second = (m["tool_calls"][0]["arguments"]["code"] for m in msgs if m.get("tool_calls"))
+        assert first != second and second.startswith("print(")
+        assert extract_answer(msgs[-1]["content"]) == tools[1].strip()
+
+
 async def test_sft_tool_responses_match_the_real_sandbox():
     rows = sft.generate(16, seed=2)
     calls, expected = [], []
