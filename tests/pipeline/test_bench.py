@@ -1,5 +1,5 @@
 """The recipe benchmark's arithmetic and its ablation plot."""
-from rstar.pipeline.bench import _accuracy, plot_ablation
+from rstar.pipeline.bench import _accuracy, end_window, plot_ablation
 
 
 def test_accuracy_weights_benchmarks_by_questions():
@@ -13,3 +13,8 @@ def test_ablation_plot_is_a_png(tmp_path):
     path = tmp_path / "ablation.png"
     plot_ablation(hist, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_ablation_compares_the_last_third_of_the_stage():
+    assert end_window(30) == 10 and end_window(31) == 10
+    assert end_window(2) == 1  # a stage shorter than 3 steps: its last step
