@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import tempfile
@@ -17,6 +18,7 @@ from dataclasses import replace
 
 from rstar.benchreport import write_section
 from rstar.pipeline.config import load_recipe
+from rstar.storage import atomic_write_text
 from rstar.tracking import mlflow_log as ml
 
 RECIPE_STAGES = ("sft", "rl1", "rl2", "mine", "rl3")
@@ -62,8 +64,9 @@ def ablation(recipe, sft_model: str, modes=("roc", "grpo")) -> dict[str, list[di
             async with embedded_sandbox() as sb:
                 trainer = RLTrainer(model, AutoTokenizer.from_pretrained(path), problems, sb, cfg, work,
                                     on_step=lambda s, m: print(f"[ablation {mode}] step {s}/{cfg.steps} "
-                                                               f"tool errors in correct "
-                                                               f"{m['tool_error_rate_positive']:.3f}", flush=True))
+                                                               f"accuracy {m['accuracy']:.3f} tool errors in "
+                                                               f"correct {m['tool_error_rate_positive']:.3f}",
+                                                               flush=True))
                 return await trainer.run()
 
         out[mode] = asyncio.run(run())
@@ -85,13 +88,20 @@ def plot_ablation(histories: dict[str, list[dict]], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
-    for mode, hist in histories.items():
+    for i, (mode, hist) in enumerate(histories.items()):
         steps = [h["step"] for h in hist]
-        axes[0].plot(steps, [h["tool_error_rate_positive"] for h in hist], marker=".", label=mode)
-        axes[1].plot(steps, [h["accuracy"] for h in hist], marker=".", label=mode)
+        for ax, key in zip(axes, ("tool_error_rate_positive", "accuracy")):
+            values = [h[key] for h in hist]
+            # each step as a faint dot, the trend as a 5-step trailing mean
+            ax.plot(steps, values, ".", color=f"C{i}", alpha=0.35)
+            ax.plot(steps, [sum(values[max(0, j - 4):j + 1]) / len(values[max(0, j - 4):j + 1])
+                            for j in range(len(values))], color=f"C{i}", label=mode)
+    window = end_window(max(len(h) for h in histories.values()))
+    last = max(h[-1]["step"] for h in histories.values())
     axes[0].set_title("tool-error rate in correct trajectories", fontsize=9)
     axes[1].set_title("rollout accuracy", fontsize=9)
     for ax in axes:
+        ax.axvspan(last - window + 0.5, last + 0.5, color="0.9", zorder=0)  # the compared end window
         ax.set_xlabel("RL stage 1 step")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -112,6 +122,7 @@ def run_recipe_benchmark(config: str, out: str = "docs/benchmarks.md", png: str 
     summaries = outs["evaluate"]["summaries"]
     acc = {name: _accuracy(s) for name, s in summaries.items()}
     histories = ablation(recipe, outs["sft"]["model"])
+    atomic_write_text(os.path.splitext(png)[0] + ".json", json.dumps(histories, indent=1, default=str))  # to re-plot, re-read
     plot_ablation(histories, png)
 
     window = end_window(recipe.rl[0].steps)
