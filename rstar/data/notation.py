@@ -28,6 +28,5 @@ def expression(rng: random.Random, words: bool = True) -> tuple[str, str]:
                   (f"{a} and {b} multiplied together", f"{a}*{b}"), (f"{c} raised to the power {e}", f"{c}**{e}"),
                   (f"multiplying {c} by itself {e} times", f"{c}**{e}"),
                   (f"the remainder of {a} on division by {m}", f"{a}%{m}"),
-                  (f"{c} raised to the power {d}, modulo {m}", f"pow({c}, {d}, {m})"),
-                  (f"the remainder of {c} multiplied by itself {d} times on division by {m}", f"pow({c}, {d}, {m})")]
+                  (f"{c} raised to the power {d}, modulo {m}", f"pow({c}, {d}, {m})")]
     return rng.choice(forms)
