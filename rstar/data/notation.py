@@ -5,7 +5,9 @@ the mapping SFT relies on is one the base has practised.
 The forms in words ("the remainder when ... is divided by ...") are pretraining's alone: they
 are what a real base model knows about the words, and SFT asking them would be asking the RL
 problems themselves. Without them no rollout ever wrote `pow(...)` for a remainder asked in
-words, so RL had no positive to learn that phrasing from.
+words, so RL had no positive to learn that phrasing from. One form is left out on purpose:
+with "the remainder of a on division by m" -> `a%m`, a power's remainder asked as "multiplying
+a by itself b times ... remainder on division by m" was written `a % b` (0.6.0, docs).
 """
 from __future__ import annotations
 
@@ -27,6 +29,5 @@ def expression(rng: random.Random, words: bool = True) -> tuple[str, str]:
                   (f"the remainder when {c}^{d} is divided by {m}", f"pow({c}, {d}, {m})"),
                   (f"{a} and {b} multiplied together", f"{a}*{b}"), (f"{c} raised to the power {e}", f"{c}**{e}"),
                   (f"multiplying {c} by itself {e} times", f"{c}**{e}"),
-                  (f"the remainder of {a} on division by {m}", f"{a}%{m}"),
                   (f"{c} raised to the power {d}, modulo {m}", f"pow({c}, {d}, {m})")]
     return rng.choice(forms)
