@@ -27,6 +27,12 @@ def filesystem(uri: str):
     return fsspec.core.url_to_fs(uri, **options)
 
 
+# The process's umask, read once at import (reading it means setting it, which is not thread-safe
+# later): an atomically written file gets the mode a plain open() would give it, not mkstemp's 0600.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def atomic_write(path: str, write: Callable[[str], None]) -> str:
     """Call `write(tmp_path)` for a local temporary file, then put it at `path` atomically."""
     if is_remote(path):
@@ -42,6 +48,7 @@ def atomic_write(path: str, write: Callable[[str], None]) -> str:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -58,3 +58,12 @@ def test_local_roots_are_used_in_place(tmp_path):
     _fill(path, "x")
     dirs.push(path)  # nothing to do
     assert dirs.pull(path) == path
+
+
+def test_an_atomic_write_gets_the_mode_of_a_plain_write(tmp_path):
+    from rstar.storage import atomic_write_text
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    atomic_write_text(str(tmp_path / "atomic.txt"), "x")
+    assert (tmp_path / "atomic.txt").stat().st_mode == plain.stat().st_mode  # not mkstemp's 0600
