@@ -33,9 +33,9 @@ def simulate_tool(code: str, stdin: str = "") -> str:
 
     try:
         body, last = runner.prepare(code, True)
-    except SyntaxError as e:  # answered as the sandbox answers a snippet that does not compile
-        message = runner.compile_error(e)
-        return ExecResult(status=Status.ERROR, stderr=message, reason=message.strip().splitlines()[-1]).tool_text()
+    except Exception as e:  # noqa: BLE001 - answered as the sandbox answers a snippet that does not compile
+        message, reason = runner.compile_error(e)
+        return ExecResult(status=Status.ERROR, stderr=message, reason=reason).tool_text()
     out = io.StringIO()
     saved_stdin = sys.stdin
     try:
@@ -106,18 +106,26 @@ def _longest_word(rng):
                                       f"words = {ws!r}\nmax(words, key=len)", "The tool returned the word.", best)
 
 
+def _with_retry(task: str, plan: str, bad: str, fix: str, good: str, read: str, value) -> list[dict]:
+    """`task` answered by a call of `bad` code, its error, the reasoning `fix`, a call of `good`
+    code and its output read back."""
+    return [{"role": "user", "content": task},
+            {"role": "assistant", "content": f"<reason>{plan}</reason>", "tool_calls": [_call(bad)]},
+            {"role": "tool", "content": simulate_tool(bad)},
+            {"role": "assistant", "content": f"<reason>{fix}</reason>", "tool_calls": [_call(good)]},
+            {"role": "tool", "content": simulate_tool(good)},
+            _answer(read, value)]
+
+
 def _error_recovery(rng):
     w = rng.choice(_WORDS)
-    bad, good = f"print(lenght('{w}'))", f"print(len('{w}'))"
-    return "error_recovery", [
-        {"role": "user", "content": f"How many characters does the string '{w}' have?"},
-        {"role": "assistant", "content": "<reason>I will measure it with Python.</reason>", "tool_calls": [_call(bad)]},
-        {"role": "tool", "content": simulate_tool(bad)},
-        {"role": "assistant", "content": "<reason>The error says the name is misspelled; len is the right "
-                                         "function. I will fix the call.</reason>", "tool_calls": [_call(good)]},
-        {"role": "tool", "content": simulate_tool(good)},
-        _answer("After fixing the typo the tool printed the length.", len(w))]
+    return "error_recovery", _with_retry(
+        f"How many characters does the string '{w}' have?", "I will measure it with Python.",
+        f"print(lenght('{w}'))", "The error says the name is misspelled; len is the right function. "
+        "I will fix the call.", f"print(len('{w}'))", "After fixing the typo the tool printed the length.", len(w))
 
+
+_PRINT_PLAN, _PRINT_READ = "I will print the value of the expression.", "The tool printed the value."
 
 # Slips a first call makes in arithmetic, each a tool error: a misspelt name, a lost or doubled
 # closing parenthesis.
@@ -131,16 +139,10 @@ def _arith_recover(rng):
     as a clean one (plain GRPO: yes; RoC: it prefers clean ones)."""
     notation, code = expression(rng, words=False)
     bad = rng.choice(_SLIPS)(code)
-    good = f"print({code})"
-    return "arith_recover", [
-        {"role": "user", "content": rng.choice(_ASK_ARITH).format(notation)},
-        {"role": "assistant", "content": "<reason>I will print the value of the expression.</reason>",
-         "tool_calls": [_call(bad)]},
-        {"role": "tool", "content": simulate_tool(bad)},
-        {"role": "assistant", "content": "<reason>The tool reported an error in my code; I will fix it and run "
-                                         "it again.</reason>", "tool_calls": [_call(good)]},
-        {"role": "tool", "content": simulate_tool(good)},
-        _answer("The tool printed the value.", eval(code))]  # noqa: S307 - generated arithmetic
+    return "arith_recover", _with_retry(
+        rng.choice(_ASK_ARITH).format(notation), _PRINT_PLAN, bad,
+        "The tool reported an error in my code; I will fix it and run it again.", f"print({code})", _PRINT_READ,
+        eval(code))  # noqa: S307 - generated arithmetic
 
 
 def _stdin_echo(rng):
@@ -156,8 +158,7 @@ def _stdin_echo(rng):
 
 def _printed(ask: str, expr: str) -> list[dict]:
     """`ask` answered by printing the Python expression `expr` and reading its value back."""
-    return _with_tool(ask, "I will print the value of the expression.", f"print({expr})",
-                      "The tool printed the value.", eval(expr))  # noqa: S307 - generated arithmetic
+    return _with_tool(ask, _PRINT_PLAN, f"print({expr})", _PRINT_READ, eval(expr))  # noqa: S307 - generated
 
 
 def _calc(rng):

@@ -122,7 +122,8 @@ def run_recipe_benchmark(config: str, out: str = "docs/benchmarks.md", png: str 
     summaries = outs["evaluate"]["summaries"]
     acc = {name: _accuracy(s) for name, s in summaries.items()}
     histories = ablation(recipe, outs["sft"]["model"])
-    atomic_write_text(os.path.splitext(png)[0] + ".json", json.dumps(histories, indent=1, default=str))  # to re-plot, re-read
+    # the per-step histories beside the plot, to re-plot or re-read
+    atomic_write_text(os.path.splitext(png)[0] + ".json", json.dumps(histories, indent=1, default=str))
     plot_ablation(histories, png)
 
     window = end_window(recipe.rl[0].steps)

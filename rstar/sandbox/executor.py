@@ -213,9 +213,8 @@ class Executor:
             try:
                 body, last = runner.prepare(req["code"], req["notebook"])
             except Exception as e:  # noqa: BLE001 - SyntaxError, null bytes, too deeply nested...
-                message = runner.compile_error(e)
-                self.send({"id": req["id"], "status": "error", "stderr": message, "exit_code": 1,
-                           "reason": message.strip().splitlines()[-1]})
+                message, reason = runner.compile_error(e)
+                self.send({"id": req["id"], "status": "error", "stderr": message, "exit_code": 1, "reason": reason})
                 continue
             todo.append((req, (req["code"], body, last)))
         return todo

@@ -29,8 +29,10 @@ def prepare(code: str, notebook: bool):
     return compile(tree, FILENAME, "exec", dont_inherit=True), last
 
 
-def compile_error(exc: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(exc), exc))
+def compile_error(exc: BaseException) -> tuple[str, str]:
+    """(stderr, one-line reason): how a snippet that does not compile is answered."""
+    message = "".join(traceback.format_exception_only(type(exc), exc))
+    return message, message.strip().splitlines()[-1]
 
 
 def trimmed_traceback(exc: BaseException, code: str) -> str:
