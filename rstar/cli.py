@@ -67,11 +67,12 @@ def serve_command(config: str = typer.Option("configs/tiny.yaml"), name: str = t
 @app.command("bench-recipe")
 def bench_recipe_command(config: str = typer.Option("configs/tiny.yaml"),
                          out: str = typer.Option("docs/benchmarks.md"),
-                         png: str = typer.Option("docs/tiny_ablation.png")) -> None:
+                         png: str = typer.Option("docs/tiny_ablation.png"),
+                         seeds: int = typer.Option(3, min=1, help="Seeds of the RoC-vs-GRPO ablation (each runs stage 1 twice).")) -> None:
     """The tiny recipe's time, accuracy per stage and RoC-vs-GRPO ablation -> docs/benchmarks.md."""
     from rstar.pipeline.bench import run_recipe_benchmark
 
-    run_recipe_benchmark(config, out, png)
+    run_recipe_benchmark(config, out, png, seeds)
 
 
 @app.command("lineage")

@@ -39,8 +39,9 @@ def _accuracy(summary: dict) -> float:
     return sum(m["avg_pass@1"] * m["questions"] for m in summary.values()) / n
 
 
-def ablation(recipe, sft_model: str, modes=("roc", "grpo")) -> dict[str, list[dict]]:
-    """Stage 1 from the SFT checkpoint once per RoC mode; per-step histories."""
+def ablation(recipe, sft_model: str, seeds: int = 3, modes=("roc", "grpo")) -> dict[str, dict[int, list[dict]]]:
+    """Stage 1 from the SFT checkpoint once per RoC mode and seed: {mode: {seed: per-step history}}.
+    Seeds count up from the stage's; a seed fixes the prompts, the sampling and RoC's draws."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import torch
@@ -54,23 +55,26 @@ def ablation(recipe, sft_model: str, modes=("roc", "grpo")) -> dict[str, list[di
     layout = Layout(recipe.storage_root)
     problems = read_table(layout.dataset("train_problems"), "problems").to_pylist()
     path = dirs.pull(sft_model)
-    out = {}
-    for mode in modes:
-        cfg = replace(recipe.rl[0], roc=replace(recipe.rl[0].roc, mode=mode), prompt_style=recipe.prompt_style)
-        work = tempfile.mkdtemp(prefix=f"ablation-{mode}-")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    stage = recipe.rl[0]
+    out = {mode: {} for mode in modes}
+    for seed in range(stage.seed, stage.seed + seeds):
+        for mode in modes:
+            cfg = replace(stage, roc=replace(stage.roc, mode=mode), seed=seed, prompt_style=recipe.prompt_style)
+            work = tempfile.mkdtemp(prefix=f"ablation-{mode}-{seed}-")
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
-        async def run():
-            async with embedded_sandbox() as sb:
-                trainer = RLTrainer(model, AutoTokenizer.from_pretrained(path), problems, sb, cfg, work,
-                                    on_step=lambda s, m: print(f"[ablation {mode}] step {s}/{cfg.steps} "
-                                                               f"accuracy {m['accuracy']:.3f} tool errors in "
-                                                               f"correct {m['tool_error_rate_positive']:.3f}",
-                                                               flush=True))
-                return await trainer.run()
+            def progress(step, m, mode=mode, seed=seed):
+                print(f"[ablation {mode} seed {seed}] step {step}/{cfg.steps} accuracy {m['accuracy']:.3f} "
+                      f"tool errors in correct {m['tool_error_rate_positive']:.3f}", flush=True)
 
-        out[mode] = asyncio.run(run())
-        shutil.rmtree(work, ignore_errors=True)
+            async def run():
+                async with embedded_sandbox() as sb:
+                    trainer = RLTrainer(model, AutoTokenizer.from_pretrained(path), problems, sb, cfg, work,
+                                        on_step=progress)
+                    return await trainer.run()
+
+            out[mode][seed] = asyncio.run(run())
+            shutil.rmtree(work, ignore_errors=True)
     return out
 
 
@@ -81,24 +85,43 @@ def end_window(steps: int) -> int:
     return max(1, steps // 3)
 
 
-def plot_ablation(histories: dict[str, list[dict]], path: str) -> None:
+def pooled_error_rate(steps: list[dict], kind: str = "positive") -> float:
+    """Tool errors per tool call in the correct trajectories (`kind` "positive": all sampled,
+    "positive_kept": those kept for the update) of `steps`, pooled: each call weighs the same,
+    whichever step or seed made it."""
+    calls = sum(h[f"tool_calls_{kind}"] for h in steps)
+    return sum(h[f"tool_errors_{kind}"] for h in steps) / calls if calls else 0.0
+
+
+def per_step(runs: dict[int, list[dict]]) -> list[tuple[int, float, float]]:
+    """(step, pooled tool-error rate in correct trajectories, mean accuracy) across seeds."""
+    by_step: dict[int, list[dict]] = {}
+    for hist in runs.values():
+        for h in hist:
+            by_step.setdefault(h["step"], []).append(h)
+    return [(step, pooled_error_rate(hs), sum(h["accuracy"] for h in hs) / len(hs))
+            for step, hs in sorted(by_step.items())]
+
+
+def plot_ablation(histories: dict[str, dict[int, list[dict]]], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
-    for i, (mode, hist) in enumerate(histories.items()):
-        steps = [h["step"] for h in hist]
-        for ax, key in zip(axes, ("tool_error_rate_positive", "accuracy")):
-            values = [h[key] for h in hist]
-            # each step as a faint dot, the trend as a 5-step trailing mean
+    last = 0
+    for i, (mode, runs) in enumerate(histories.items()):
+        rows = per_step(runs)
+        steps = [r[0] for r in rows]
+        last = max(last, steps[-1])
+        for ax, values in zip(axes, ([r[1] for r in rows], [r[2] for r in rows])):
+            # each step (over seeds) as a faint dot, the trend as a 5-step trailing mean
             ax.plot(steps, values, ".", color=f"C{i}", alpha=0.35)
             ax.plot(steps, [sum(values[max(0, j - 4):j + 1]) / len(values[max(0, j - 4):j + 1])
-                            for j in range(len(values))], color=f"C{i}", label=mode)
-    window = end_window(max(len(h) for h in histories.values()))
-    last = max(h[-1]["step"] for h in histories.values())
-    axes[0].set_title("tool-error rate in correct trajectories", fontsize=9)
+                            for j in range(len(values))], color=f"C{i}", label=f"{mode} ({len(runs)} seeds)")
+    window = end_window(last)
+    axes[0].set_title("tool errors per call in correct trajectories", fontsize=9)
     axes[1].set_title("rollout accuracy", fontsize=9)
     for ax in axes:
         ax.axvspan(last - window + 0.5, last + 0.5, color="0.9", zorder=0)  # the compared end window
@@ -109,7 +132,26 @@ def plot_ablation(histories: dict[str, list[dict]], path: str) -> None:
     plt.close(fig)
 
 
-def run_recipe_benchmark(config: str, out: str = "docs/benchmarks.md", png: str = "docs/tiny_ablation.png") -> str:
+def ablation_table(histories: dict[str, dict[int, list[dict]]], window: int) -> tuple[list[str], bool]:
+    """Markdown rows comparing the modes over each run's last `window` steps, and whether RoC's
+    pooled tool-error rate in correct trajectories is below GRPO's."""
+    def tail(runs):
+        return [h for hist in runs.values() for h in hist[-window:]]
+
+    rows = ["| mode | tool errors per call in correct trajectories (pooled) | per seed | "
+            "the same, kept for the update (pooled) | accuracy |", "|---|---|---|---|---|"]
+    for mode, runs in histories.items():
+        steps = tail(runs)
+        seeds = ", ".join(f"{pooled_error_rate(hist[-window:]):.3f}" for hist in runs.values())
+        rows.append(f"| {mode} | {pooled_error_rate(steps):.3f} | {seeds} | "
+                    f"{pooled_error_rate(steps, 'positive_kept'):.3f} | "
+                    f"{sum(h['accuracy'] for h in steps) / len(steps):.3f} |")
+    met = pooled_error_rate(tail(histories["roc"])) < pooled_error_rate(tail(histories["grpo"]))
+    return rows, met
+
+
+def run_recipe_benchmark(config: str, out: str = "docs/benchmarks.md", png: str = "docs/tiny_ablation.png",
+                         seeds: int = 3) -> str:
     import time
 
     from flows.pipeline import pipeline
@@ -121,16 +163,12 @@ def run_recipe_benchmark(config: str, out: str = "docs/benchmarks.md", png: str 
     seconds = _stage_seconds(recipe, outs)
     summaries = outs["evaluate"]["summaries"]
     acc = {name: _accuracy(s) for name, s in summaries.items()}
-    histories = ablation(recipe, outs["sft"]["model"])
+    histories = ablation(recipe, outs["sft"]["model"], seeds)
     # the per-step histories beside the plot, to re-plot or re-read
     atomic_write_text(os.path.splitext(png)[0] + ".json", json.dumps(histories, indent=1, default=str))
     plot_ablation(histories, png)
-
     window = end_window(recipe.rl[0].steps)
-
-    def tail(mode: str, key: str) -> float:
-        last = histories[mode][-window:]
-        return sum(h[key] for h in last) / len(last)
+    table, met = ablation_table(histories, window)
 
     recipe_s = sum(seconds.get(s, 0.0) for s in RECIPE_STAGES)
     lines = [
@@ -148,16 +186,12 @@ def run_recipe_benchmark(config: str, out: str = "docs/benchmarks.md", png: str 
         f"Targets: SFT <= 0.30 ({'met' if acc['sft'] <= 0.30 else 'NOT met'}); "
         f"after stage 3 >= 0.80 ({'met' if acc[recipe.rl[-1].name] >= 0.80 else 'NOT met'}) and +0.40 over SFT "
         f"({'met' if acc[recipe.rl[-1].name] - acc['sft'] >= 0.40 else 'NOT met'}).", "",
-        f"Ablation, RL stage 1 from the same SFT checkpoint, {recipe.rl[0].steps} steps, same seeds "
+        f"Ablation, RL stage 1 from the same SFT checkpoint, {recipe.rl[0].steps} steps, both modes with "
+        f"the same {seeds} seeds (prompts, sampling and RoC draws), compared over the last {window} steps "
         f"(![curves]({os.path.basename(png)})):", "",
-        f"| mode | tool errors in correct trajectories (last {window} steps) | "
-        "the same, kept for the update | accuracy (same steps) |", "|---|---|---|---|",
-        *(f"| {m} | {tail(m, 'tool_error_rate_positive'):.3f} | {tail(m, 'tool_error_rate_positive_kept'):.3f} | "
-          f"{tail(m, 'accuracy'):.3f} |" for m in histories),
-        "",
-        "Target: RoC below GRPO in the correct trajectories sampled "
-        f"({'met' if tail('roc', 'tool_error_rate_positive') < tail('grpo', 'tool_error_rate_positive') else 'NOT met'}; "
-        "the kept ones are lower under RoC by selection alone).",
+        *table, "",
+        f"Target: RoC below GRPO in the correct trajectories sampled, pooled over the seeds "
+        f"({'met' if met else 'NOT met'}; the kept ones are lower under RoC by selection alone).",
     ]
     markdown = "\n".join(lines)
     write_section(out, "tiny-recipe", markdown)

@@ -230,7 +230,11 @@ def summarize_step(records: list[dict], kept: list[dict]) -> dict:
     (what the policy does: the paper's measure, which RoC is meant to drive down) and among
     those RoC kept for the update (lower by selection alone)."""
     metrics = {k: v for k, v in summarize(records).items() if k != "finish_reasons"}
-    metrics["tool_error_rate_positive"] = tool_error_rate([r for r in records if r["reward"] > 0])
-    metrics["tool_error_rate_positive_kept"] = tool_error_rate([r for r in kept if r["reward"] > 0])
+    for name, rows in (("positive", records), ("positive_kept", kept)):
+        rows = [r for r in rows if r["reward"] > 0]
+        metrics[f"tool_error_rate_{name}"] = tool_error_rate(rows)
+        # the counts behind the rate, so that rates over several steps or seeds can be pooled
+        metrics[f"tool_calls_{name}"] = sum(r["num_tool_calls"] for r in rows)
+        metrics[f"tool_errors_{name}"] = sum(r["num_tool_errors"] for r in rows)
     metrics["kept"] = len(kept)
     return metrics

@@ -148,4 +148,5 @@ def test_tool_errors_in_correct_trajectories_sampled_and_kept():
     m = summarize_step(records, kept=[records[1], records[2]])
     assert m["tool_error_rate_positive"] == 0.25        # 1 error in 4 calls of the two correct ones
     assert m["tool_error_rate_positive_kept"] == 0.0    # the kept correct one had none
+    assert (m["tool_errors_positive"], m["tool_calls_positive"]) == (1, 4)
     assert m["tool_error_rate"] == 5 / 8 and m["kept"] == 2
