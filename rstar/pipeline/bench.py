@@ -138,13 +138,14 @@ def ablation_table(histories: dict[str, dict[int, list[dict]]], window: int) -> 
     def tail(runs):
         return [h for hist in runs.values() for h in hist[-window:]]
 
-    rows = ["| mode | tool errors per call in correct trajectories (pooled) | per seed | "
-            "the same, kept for the update (pooled) | accuracy |", "|---|---|---|---|---|"]
+    rows = [f"| mode | tool errors per call in correct trajectories, last {window} steps (pooled) | per seed | "
+            "the same, kept for the update | the same, whole stage | accuracy, last steps |", "|---|---|---|---|---|---|"]
     for mode, runs in histories.items():
         steps = tail(runs)
         seeds = ", ".join(f"{pooled_error_rate(hist[-window:]):.3f}" for hist in runs.values())
         rows.append(f"| {mode} | {pooled_error_rate(steps):.3f} | {seeds} | "
                     f"{pooled_error_rate(steps, 'positive_kept'):.3f} | "
+                    f"{pooled_error_rate([h for hist in runs.values() for h in hist]):.3f} | "
                     f"{sum(h['accuracy'] for h in steps) / len(steps):.3f} |")
     met = pooled_error_rate(tail(histories["roc"])) < pooled_error_rate(tail(histories["grpo"]))
     return rows, met
