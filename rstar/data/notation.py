@@ -8,20 +8,14 @@ problems themselves. Without them no rollout ever wrote `pow(...)` for a remaind
 words, so RL had no positive to learn that phrasing from. One form is left out on purpose:
 with "the remainder of a on division by m" -> `a%m`, a power's remainder asked as "multiplying
 a by itself b times ... remainder on division by m" was written `a % b` (0.6.0, docs).
-
-Where the text is never run, "multiplying c by itself e times" takes exponents up to 999 as the
-problems do: with two-digit exponents only, RL wrote that phrasing as `pow(80, 803, 18)` for
-"multiplying 88 by itself 803 times", the base copied from the exponent's first digits (0.8.0).
 """
 from __future__ import annotations
 
 import random
 
 
-def expression(rng: random.Random, words: bool = True, long_exponents: bool = False) -> tuple[str, str]:
-    """(math notation, Python) for one random expression; `words`: also the forms in words;
-    `long_exponents`: "c multiplied by itself e times" with e up to 999 (for text that is not
-    evaluated: such a power has up to 2,000 digits)."""
+def expression(rng: random.Random, words: bool = True) -> tuple[str, str]:
+    """(math notation, Python) for one random expression; `words`: also the forms in words."""
     a, b = rng.randint(2, 999), rng.randint(2, 999)
     c, d, m, e = rng.randint(2, 99), rng.randint(2, 999), rng.randint(7, 99), rng.randint(2, 30)
     forms = [(f"{a} \u00d7 {b}", f"{a}*{b}"), (f"{a} times {b}", f"{a}*{b}"), (f"{a} * {b}", f"{a}*{b}"),
@@ -29,12 +23,11 @@ def expression(rng: random.Random, words: bool = True, long_exponents: bool = Fa
              (f"{c} to the power {e}", f"{c}**{e}"), (f"{a} mod {m}", f"{a}%{m}"),
              (f"{c}^{d} modulo {m}", f"pow({c}, {d}, {m})"), (f"{c}^{{{d}}} \\bmod {m}", f"pow({c}, {d}, {m})")]
     if words:
-        t = d if long_exponents else e
         forms += [(f"{a} multiplied by {b}", f"{a}*{b}"), (f"the product of {a} and {b}", f"{a}*{b}"),
-                  (f"{c} multiplied by itself {t} times", f"{c}**{t}"),
+                  (f"{c} multiplied by itself {e} times", f"{c}**{e}"),
                   (f"the remainder when {a} is divided by {m}", f"{a}%{m}"),
                   (f"the remainder when {c}^{d} is divided by {m}", f"pow({c}, {d}, {m})"),
                   (f"{a} and {b} multiplied together", f"{a}*{b}"), (f"{c} raised to the power {e}", f"{c}**{e}"),
-                  (f"multiplying {c} by itself {t} times", f"{c}**{t}"),
+                  (f"multiplying {c} by itself {e} times", f"{c}**{e}"),
                   (f"{c} raised to the power {d}, modulo {m}", f"pow({c}, {d}, {m})")]
     return rng.choice(forms)

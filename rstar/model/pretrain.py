@@ -139,7 +139,7 @@ def document(rng: TextSource) -> str:
     """One generated pretraining document (see the module docstring)."""
     kind = rng.choices(range(len(KIND_WEIGHTS)), weights=KIND_WEIGHTS)[0]
     if kind == 0:
-        notation, code = expression(rng, long_exponents=True)
+        notation, code = expression(rng)
         return f"In Python, {_given(notation)} is written {code}."
     if kind == 1:
         xs = " ".join(_number(rng) for _ in range(rng.randint(1, 3)))
@@ -148,7 +148,7 @@ def document(rng: TextSource) -> str:
         xs = " and ".join(_number(rng) for _ in range(rng.randint(1, 2)))
         return _chat_copy(rng, xs, xs)
     if kind == 3:  # transcribing notation into code
-        notation, code = expression(rng, long_exponents=True)
+        notation, code = expression(rng)
         return _chat_copy(rng, notation, f"print({code})")
     if kind == 4:
         return _read_back(rng)

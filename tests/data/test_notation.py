@@ -16,19 +16,6 @@ def test_every_form_is_python_for_what_it_says():
     assert {"pow(" in c for n, c in pairs if "remainder" in n} == {True, False}  # a^b mod m and plain a mod m
 
 
-def test_long_exponents_only_where_asked():
-    """ "by itself e times" reaches the problems' 3-digit exponents only in text that is not
-    evaluated (pretraining's read-back drill runs its code)."""
-    def exponents(**kw):
-        rng = random.Random(3)
-        pairs = (expression(rng, **kw) for _ in range(3000))
-        return [int(re.search(r"itself (\d+) times", n).group(1)) for n, _ in pairs if "itself" in n]
-
-    assert max(exponents()) <= 30
-    long = exponents(long_exponents=True)
-    assert max(long) > 99 and min(long) >= 2
-
-
 def test_forms_in_words_are_left_out_when_asked():
     rng = random.Random(1)
     shapes = {re.sub(r"\d+", "N", n) for n, _ in (expression(rng, words=False) for _ in range(1000))}
