@@ -5,37 +5,46 @@ import asyncio
 import statistics
 from collections.abc import Callable
 
-from rstar.agent.loop import AgentLoop
+from rstar.agent.loop import AgentLoop, Trajectory
 from rstar.reward.extract import extract_answer
 from rstar.reward.score import BatchScorer, ScoreItem
 
 
-async def rollout(loop: AgentLoop, problems: list[dict], k: int, *, stage: str = "rollout", policy_step: int = 0,
-                  scorer: BatchScorer | None = None, progress: Callable[[int], None] | None = None) -> list[dict]:
-    """Rows of the trajectories schema: `k` rollouts of every problem (rows of the problems schema)."""
-    own = scorer is None
-    scorer = scorer or BatchScorer()
-
+async def sample(loop: AgentLoop, problems: list[dict], k: int, *, stage: str = "rollout", policy_step: int = 0,
+                 progress: Callable[[int], None] | None = None) -> list[tuple[dict, int, Trajectory]]:
+    """`k` trajectories of every problem (rows of the problems schema), unscored."""
     async def one(problem: dict, i: int):
         traj = await loop.run(problem["problem"], f"{stage}/{policy_step}/{problem['id']}/{i}")
         if progress:
             progress(1)
         return problem, i, traj
 
+    return await asyncio.gather(*(one(p, i) for p in problems for i in range(k)))
+
+
+async def score(loop: AgentLoop, sampled: list[tuple[dict, int, Trajectory]], scorer: BatchScorer, *,
+                stage: str = "rollout", policy_step: int = 0) -> list[dict]:
+    """Rows of the trajectories schema for what `sample` returned, each with its reward."""
+    rewards = await asyncio.to_thread(scorer.score_many, [
+        ScoreItem(t.response_text, p["answer"], t.truncated) for p, _, t in sampled])
+    return [traj.to_record(
+        problem_id=problem["id"], group_id=f"{stage}/{policy_step}/{problem['id']}", sample_index=i, stage=stage,
+        policy_step=policy_step, prompt_text=loop.tok.decode(traj.prompt_ids, skip_special_tokens=False),
+        reward=reward, answer=extract_answer(traj.response_text))
+        for (problem, i, traj), reward in zip(sampled, rewards)]
+
+
+async def rollout(loop: AgentLoop, problems: list[dict], k: int, *, stage: str = "rollout", policy_step: int = 0,
+                  scorer: BatchScorer | None = None, progress: Callable[[int], None] | None = None) -> list[dict]:
+    """Rows of the trajectories schema: `k` rollouts of every problem (rows of the problems schema), scored."""
+    own = scorer is None
+    scorer = scorer or BatchScorer()
     try:
-        done = await asyncio.gather(*(one(p, i) for p in problems for i in range(k)))
-        rewards = await asyncio.to_thread(scorer.score_many, [
-            ScoreItem(t.response_text, p["answer"], t.truncated) for p, _, t in done])
+        sampled = await sample(loop, problems, k, stage=stage, policy_step=policy_step, progress=progress)
+        return await score(loop, sampled, scorer, stage=stage, policy_step=policy_step)
     finally:
         if own:
             scorer.close()
-    records = []
-    for (problem, i, traj), reward in zip(done, rewards):
-        records.append(traj.to_record(
-            problem_id=problem["id"], group_id=f"{stage}/{policy_step}/{problem['id']}", sample_index=i, stage=stage,
-            policy_step=policy_step, prompt_text=loop.tok.decode(traj.prompt_ids, skip_special_tokens=False),
-            reward=reward, answer=extract_answer(traj.response_text)))
-    return records
 
 
 def tool_error_rate(records: list[dict]) -> float:

@@ -19,7 +19,7 @@ from rstar.algo.roc import RoCConfig, Sample, p_err, p_format, select
 from rstar.data.io import write_table
 from rstar.reward.score import BatchScorer
 from rstar.rollout.hf_engine import HFEngine
-from rstar.rollout.runner import rollout, summarize, tool_error_rate
+from rstar.rollout.runner import sample, score, summarize, tool_error_rate
 from rstar.storage import dirs
 
 
@@ -159,9 +159,10 @@ class RLTrainer:
         t0 = time.monotonic()
         k = cfg.roc.group_size * cfg.roc.oversample
         self.model.eval()
-        records = await rollout(loop, self.prompts_for(self.step), k, stage=cfg.name, policy_step=self.step,
-                                scorer=scorer)
+        sampled = await sample(loop, self.prompts_for(self.step), k, stage=cfg.name, policy_step=self.step)
         t_rollout = time.monotonic() - t0
+        records = await score(loop, sampled, scorer, stage=cfg.name, policy_step=self.step)
+        t_reward = time.monotonic() - t0 - t_rollout
         groups: dict[str, list[dict]] = {}
         for r in records:
             groups.setdefault(r["group_id"], []).append(r)
@@ -176,7 +177,8 @@ class RLTrainer:
         update = self.update(kept) if kept else {"clip_fraction": 0.0, "loss": 0.0, "grad_norm": 0.0}
         t_update = time.monotonic() - t1
         return {"step": self.step, **summarize_step(records, kept), **update,
-                "lr": self.sched.get_last_lr()[0], "time_rollout_s": t_rollout, "time_update_s": t_update,
+                "lr": self.sched.get_last_lr()[0], "time_rollout_s": t_rollout, "time_reward_s": t_reward,
+                "time_update_s": t_update,
                 "time_tool_s": sum(r["tool_s"] for r in records),
                 "tokens_per_s": sum(sum(r["response_mask"]) for r in records) / max(t_rollout, 1e-9)}, records
 

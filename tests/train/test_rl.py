@@ -28,7 +28,7 @@ async def test_rl_steps_checkpoint_and_resume(tiny_dir, tokenizer, agent_sandbox
     assert [h["step"] for h in hist] == [1, 2, 3]
     for key in ("reward_mean", "accuracy", "tool_calls_per_rollout", "tool_error_rate", "tool_error_rate_positive",
                 "tool_error_rate_positive_kept", "format_violation_rate", "response_len_mean", "response_len_p95",
-                "truncation_rate", "clip_fraction", "entropy", "tokens_per_s", "time_rollout_s", "time_tool_s",
+                "truncation_rate", "clip_fraction", "entropy", "tokens_per_s", "time_rollout_s", "time_reward_s", "time_tool_s",
                 "time_update_s", "lr", "grad_norm"):
         assert key in hist[-1]
     assert hist[-1]["kept"] == 2 * 2  # prompts x G, from 2G sampled each
