@@ -135,20 +135,19 @@ def plot_ablation(histories: dict[str, dict[int, list[dict]]], path: str) -> Non
 def ablation_table(histories: dict[str, dict[int, list[dict]]], window: int) -> tuple[list[str], bool]:
     """Markdown rows comparing the modes over each run's last `window` steps, and whether RoC's
     pooled tool-error rate in correct trajectories is below GRPO's."""
-    def tail(runs):
-        return [h for hist in runs.values() for h in hist[-window:]]
+    def steps(runs, last=None):  # every seed's steps, or its last `last` ones
+        return [h for hist in runs.values() for h in (hist[-last:] if last else hist)]
 
     rows = [f"| mode | tool errors per call in correct trajectories, last {window} steps (pooled) | per seed | "
             "the same, kept for the update | the same, whole stage | accuracy, last steps |", "|---|---|---|---|---|---|"]
+    end = {}
     for mode, runs in histories.items():
-        steps = tail(runs)
+        tail = steps(runs, window)
+        end[mode] = pooled_error_rate(tail)
         seeds = ", ".join(f"{pooled_error_rate(hist[-window:]):.3f}" for hist in runs.values())
-        rows.append(f"| {mode} | {pooled_error_rate(steps):.3f} | {seeds} | "
-                    f"{pooled_error_rate(steps, 'positive_kept'):.3f} | "
-                    f"{pooled_error_rate([h for hist in runs.values() for h in hist]):.3f} | "
-                    f"{sum(h['accuracy'] for h in steps) / len(steps):.3f} |")
-    met = pooled_error_rate(tail(histories["roc"])) < pooled_error_rate(tail(histories["grpo"]))
-    return rows, met
+        rows.append(f"| {mode} | {end[mode]:.3f} | {seeds} | {pooled_error_rate(tail, 'positive_kept'):.3f} | "
+                    f"{pooled_error_rate(steps(runs)):.3f} | {sum(h['accuracy'] for h in tail) / len(tail):.3f} |")
+    return rows, end["roc"] < end["grpo"]
 
 
 def run_recipe_benchmark(config: str, out: str = "docs/benchmarks.md", png: str = "docs/tiny_ablation.png",
