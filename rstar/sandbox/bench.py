@@ -63,6 +63,16 @@ class CostMeter:
                 "call process page faults": sum(x[3] for x in ex) / calls}
 
 
+def cpu_model() -> str:
+    """The CPU's name as the kernel reports it: the same two cores run these figures at very
+    different speeds on different hosts, so every run says which it had."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def _pcts(latencies: list[float]) -> tuple[float, float, float]:
     q = statistics.quantiles(latencies, n=100, method="inclusive")
     return q[49] * 1e3, q[94] * 1e3, q[98] * 1e3
@@ -154,7 +164,7 @@ def run_benchmarks(trivial_calls: int, sympy_calls: int, baseline_calls: int, si
     lines = [
         "## Sandbox (`rstar sandbox bench`)",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} on {cores} cores ({platform.processor() or platform.machine()}), "
+        f"Measured {time.strftime('%Y-%m-%d')} on {cores} cores ({cpu_model()}), "
         f"Python {platform.python_version()}, with full isolation on (own uid, rlimits, empty network and "
         "private read-only mount namespace per call). The service runs as a separate process on loopback with its "
         "default configuration; calls go through the async client and the native batch API (`POST /v1/execute`, "
@@ -182,8 +192,8 @@ def run_benchmarks(trivial_calls: int, sympy_calls: int, baseline_calls: int, si
         "|" + "---|" * len(costs),
         "| " + " | ".join(f"{v:.2f}" for v in costs.values()) + " |",
         "",
-        "Most of it is the kernel, not Python (a `perf record -a` of this run on 2026-11-29: ~79% of all CPU in "
-        "the kernel): page faults ~31% (copy-on-write of pages a call's reference counting touches, and mapping "
+        "Most of it is the kernel, not Python (a `perf record -a` of this benchmark on 2026-11-29, on a slower "
+        "host: ~79% of all CPU in the kernel): page faults ~31% (copy-on-write of pages a call's reference counting touches, and mapping "
         "the interpreter's code in each new process), tearing down each call process's address space at exit "
         "~23%, fork's page-table copy ~15%, the interpreters ~10%. Executors start calls in bursts (every "
         "snippet compiled, then all forks back to back), so an executor re-faults its own pages once per burst "
