@@ -3,8 +3,9 @@ static equal split (the public release's behaviour) to compare with.
 
 Balanced: every generation request (one assistant turn) reserves KV cache for its context
 plus its max new tokens; a new rollout is dispatched from one shared queue to the replica
-with the most free KV that can hold it, a later turn waits for room on the replica that
-holds its prefix, so no replica is ever over-committed (no evictions, by construction).
+with the most free KV that can hold it, a later turn goes to the replica that holds its
+prefix, or, when that one is full, to one with room (see `plan_dispatch`), so no replica is
+ever over-committed (no evictions, by construction).
 The reservation is released when the turn ends, so a rollout waiting on a tool call holds
 nothing and the replica keeps generating others. A replica that dies has
 its requests re-queued to the others.
@@ -18,6 +19,7 @@ import asyncio
 import collections
 import itertools
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from rstar.agent.loop import Generation
@@ -25,18 +27,50 @@ from rstar.agent.loop import Generation
 log = logging.getLogger(__name__)
 
 
-def choose_replica(free: list[int], alive: list[bool], need: int, home: int | None = None,
-                   held: set[int] = frozenset()) -> int | None:
-    """The replica a request needing `need` KV tokens goes to now, or None (it waits).
+def plan_dispatch(free: list[int], alive: list[bool], resumed: list[tuple[int, int | None]],
+                  fresh: Iterable[int]) -> tuple[list[int | None], list[int]]:
+    """Where waiting requests go now. `resumed`: (KV tokens needed, home replica or None) of
+    requests of rollouts in progress; `fresh`: KV tokens needed by new rollouts, in arrival
+    order. Returns a replica or None (it keeps waiting) for each resumed request, and the
+    replicas of the new rollouts placed, a prefix of `fresh`. Each placement is taken off `free`.
 
-    A request of a rollout in progress has a live `home`, where its prefix is cached: it waits
-    for room there, as recomputing its context elsewhere costs more than the wait. A new
-    rollout goes to the replica with the most free KV that fits, except `held` ones, where a
-    rollout in progress is waiting for room that new work must not take."""
-    if home is not None and alive[home]:
-        return home if free[home] >= need else None
-    fits = [i for i in range(len(free)) if alive[i] and i not in held and free[i] >= need]
-    return max(fits, key=lambda i: free[i]) if fits else None
+    1. A rollout in progress goes to its home, where its prefix is cached, if it fits there.
+    2. If it does not, its home is held: no other work takes the room freed there. The request
+       moves to the unheld replica with the most free KV that fits, recomputing its context
+       there, which costs less than waiting on a full replica (and lets the end of a batch
+       spread over the replicas that have run dry); if none fits, it waits at home.
+    3. New rollouts, first come first served, go to the unheld replica with the most free KV."""
+    placed: list[int | None] = [None] * len(resumed)
+    held = set()
+    for k, (need, home) in enumerate(resumed):
+        if home is not None and alive[home]:
+            if free[home] >= need:
+                placed[k] = home
+                free[home] -= need
+            else:
+                held.add(home)
+    open_ = [i for i in range(len(free)) if alive[i] and i not in held]
+    best = max(open_, key=free.__getitem__, default=None)
+
+    def take(need: int) -> int | None:
+        nonlocal best
+        if best is None or free[best] < need:  # the roomiest open replica fits, or none does
+            return None
+        i = best
+        free[i] -= need
+        best = max(open_, key=free.__getitem__)
+        return i
+
+    for k, (need, _) in enumerate(resumed):
+        if placed[k] is None:
+            placed[k] = take(need)
+    new = []
+    for need in fresh:
+        i = take(need)
+        if i is None:
+            break
+        new.append(i)
+    return placed, new
 
 
 def rollout_of(request_id: str) -> str:
@@ -116,23 +150,23 @@ class BalancedScheduler:
         return await req.future
 
     def _dispatch(self) -> None:
-        waiting = collections.deque()
-        held: set[int] = set()
-        while self.queue:  # in arrival order, each placed as soon as it fits (see choose_replica)
-            req = self.queue.popleft()
-            free = [r.free for r in self.replicas]
-            alive = [r.alive for r in self.replicas]
-            home = self.home.get(rollout_of(req.request_id))
-            if home is not None and self.replicas[home].capacity < req.need:
-                home = None  # it outgrew that replica altogether: waiting there would be forever
-            i = choose_replica(free, alive, req.need, home, held)
-            if i is None:
-                waiting.append(req)
-                if home is not None and alive[home]:
-                    held.add(home)
-                continue
+        resumed, fresh = [], []  # in arrival order
+        for req in self.queue:
+            rollout = rollout_of(req.request_id)
+            if rollout in self.home:
+                home = self.home[rollout]
+                if self.replicas[home].capacity < req.need:
+                    home = None  # it outgrew that replica altogether: waiting there would be forever
+                resumed.append((req, home))
+            else:
+                fresh.append(req)
+        homes, new = plan_dispatch([r.free for r in self.replicas], [r.alive for r in self.replicas],
+                                   [(req.need, home) for req, home in resumed], [req.need for req in fresh])
+        placed = [(req, i) for (req, _), i in zip(resumed, homes) if i is not None] + list(zip(fresh, new))
+        started = {id(req) for req, _ in placed}
+        self.queue = collections.deque(req for req in self.queue if id(req) not in started)
+        for req, i in placed:
             self._start(i, req)
-        self.queue = waiting
         if self.queue and not any(r.alive for r in self.replicas):
             while self.queue:
                 self.queue.popleft().future.set_exception(ReplicaLost("no replica is alive"))

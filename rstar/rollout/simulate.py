@@ -6,11 +6,12 @@ A replica decodes in steps: one token for each active request per step, a step t
 at `prefill_s_per_token`. Its KV cache holds `capacity` tokens. Static: each replica takes
 its equal contiguous share of rollouts at once (whole prompt groups, as in verl); when
 their contexts outgrow the cache the newest request is evicted and must recompute its
-context later (what vLLM does under over-commit). Balanced: `scheduler.choose_replica`
+context later (what vLLM does under over-commit). Balanced: `scheduler.plan_dispatch`
 places each request from one shared queue with a worst-case reservation, so there are no
 evictions; tool waits hold no reservation. Under both policies a later turn of a rollout
 finds its prefix cached on its replica (vLLM's prefix cache; optimistic for static, whose
-over-commit would often have reused those blocks) unless it was evicted.
+over-commit would often have reused those blocks) unless it was evicted, or moved to
+another replica, where it is recomputed.
 Tokens advance in chunks of `chunk` per event to keep the model fast.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from rstar.rollout.scheduler import choose_replica
+from rstar.rollout.scheduler import plan_dispatch
 
 
 @dataclass
@@ -73,8 +74,8 @@ class _Req:
     remaining: int        # tokens still to generate this turn
     need: int             # balanced: KV tokens reserved (context + the most this request may generate)
     quota: int            # tokens this request may still generate (a generation chunk, or the budget)
-    cached: bool = False  # its context is in the KV cache (False: prefill, or recompute after eviction)
-    evicted: bool = False
+    cached: bool = False  # its context is in the KV cache (False: prefill, or recompute)
+    recompute: bool = False  # its cached context was lost (evicted, or the rollout moved replica)
 
 
 @dataclass
@@ -99,6 +100,7 @@ class Result:
     evictions: int
     recomputed_tokens: int
     max_kv_use: float       # peak KV in use / capacity
+    moved: int = 0          # requests of rollouts in progress moved off a full replica
 
 
 def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, chunk: int = 64,
@@ -115,7 +117,7 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
     fresh: collections.deque[_Req] = collections.deque()
     resumed: list[_Req] = []
     home: dict[int, int] = {}
-    stats = {"evictions": 0, "recomputed": 0, "peak": 0.0, "done_at": 0.0}
+    stats = {"evictions": 0, "recomputed": 0, "moved": 0, "peak": 0.0, "done_at": 0.0}
 
     def push(t: float, kind: str, payload) -> None:
         nonlocal counter
@@ -137,30 +139,28 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
 
     alive = [True] * replicas
 
-    def place(i: int, req: _Req, free: list[int], now: float) -> None:
-        home[req.rollout] = i
-        free[i] -= req.need
+    def place(i: int, req: _Req, now: float) -> None:
+        if home.setdefault(req.rollout, i) != i:  # moved off a full replica: recompute its context here
+            home[req.rollout] = i
+            req.cached, req.recompute = False, True
+            stats["moved"] += 1
         reps[i].reserved += req.need
         reps[i].active.append(req)
         kick(i, now)
 
     def dispatch(now: float) -> None:
-        held = set()  # replicas a rollout in progress waits on: new rollouts must not take its room
-        waiting = []
         free = [model.capacity - r.reserved for r in reps]
-        for req in resumed:
-            i = choose_replica(free, alive, req.need, home[req.rollout])
+        homes, new = plan_dispatch(free, alive, [(req.need, home[req.rollout]) for req in resumed],
+                                   (req.need for req in fresh))
+        waiting = []
+        for req, i in zip(resumed, homes):
             if i is None:
                 waiting.append(req)
-                held.add(home[req.rollout])
             else:
-                place(i, req, free, now)
+                place(i, req, now)
         resumed[:] = waiting
-        while fresh:  # new rollouts are alike: first come, first served
-            i = choose_replica(free, alive, fresh[0].need, held=held)
-            if i is None:
-                return
-            place(i, fresh.popleft(), free, now)
+        for i in new:
+            place(i, fresh.popleft(), now)
 
     def submit(req: _Req, now: float) -> None:
         if policy == "static":
@@ -194,15 +194,15 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
             while used + n * len(rep.active) > model.capacity and len(rep.active) > 1:
                 victim = rep.active.pop()
                 used -= victim.context
-                victim.cached, victim.evicted = False, True
+                victim.cached, victim.recompute = False, True
                 rep.waiting.appendleft(victim)
                 stats["evictions"] += 1
         prefill = 0
         for req in rep.active:
             if not req.cached:
                 prefill += req.context
-                stats["recomputed"] += req.context if req.evicted else 0
-                req.cached, req.evicted = True, False
+                stats["recomputed"] += req.context if req.recompute else 0
+                req.cached, req.recompute = True, False
         stats["peak"] = max(stats["peak"], (used + n * len(rep.active)) / model.capacity)
         dt = n * model.step(len(rep.active)) + prefill * model.prefill_s_per_token
         rep.busy_time += dt
@@ -229,15 +229,23 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
         push(end, "step", payload)
     done_at = stats["done_at"]
     idle = 1 - sum(r.busy_time for r in reps) / (done_at * replicas) if done_at else 0.0
-    return Result(policy, replicas, done_at, idle, stats["evictions"], stats["recomputed"], stats["peak"])
+    return Result(policy, replicas, done_at, idle, stats["evictions"], stats["recomputed"], stats["peak"],
+                  stats["moved"])
 
 
 def lower_bound(work: Workload, model: ReplicaModel, replicas: int) -> float:
-    """No schedule beats this: all tokens decoded at the largest batch the KV cache holds, split
-    evenly, and no rollout faster than its own tokens at that pace plus its tool waits."""
-    mean_context = work.prompt_tokens + work.total_tokens / len(work.turns) / 2
-    batch = max(1, min(len(work.turns) // replicas or 1, int(model.capacity / mean_context)))
-    per_token = model.step(batch) / batch
-    prefill = len(work.turns) * work.prompt_tokens * model.prefill_s_per_token / replicas
+    """No schedule beats this. Generating a token holds its context's KV for one decode step,
+    and a step holds at most `capacity` KV tokens: so the steps of all replicas together number
+    at least the summed contexts of all tokens over `capacity`. All replicas' busy time is then
+    at least a * steps + c * tokens + the prompts' prefill, spread evenly at best. Nor does any
+    rollout finish faster than its own tokens at batch 1 plus its tool waits."""
+    kv_demand = 0  # sum over generated tokens of the context each is generated from
+    for rollout in work.turns:
+        context = work.prompt_tokens
+        for n, _ in rollout:
+            kv_demand += n * context + n * (n - 1) // 2
+            context += n + work.tool_tokens
+    busy = (model.a * kv_demand / model.capacity + model.c * work.total_tokens
+            + len(work.turns) * work.prompt_tokens * model.prefill_s_per_token)
     critical = max(sum(n for n, _ in r) * model.step(1) + sum(w for _, w in r) for r in work.turns)
-    return max(work.total_tokens * per_token / replicas + prefill, critical)
+    return max(busy / replicas, critical)
