@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import statistics
 import time
@@ -20,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rstar.benchreport import write_section
+from rstar.pipeline.launch import ensure_ray
 from rstar.rollout.simulate import ReplicaModel, Workload, lower_bound, simulate
 
 GEN_CHUNK = 256  # tokens a balanced request reserves beyond its context; a turn continues in further chunks
@@ -111,9 +111,7 @@ def run_scheduler_benchmark(model_dir: str, out: str, rollouts_per_replica: int 
                 balanced = simulate(work, model, replicas, "balanced", chunk=128, gen_chunk=GEN_CHUNK)
             rows.append({"profile": name, "replicas": replicas, "static": static, "balanced": balanced,
                          "bound": lower_bound(work, model, replicas)})
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False, log_to_driver=False,
-             ignore_reinit_error=True)
+    ensure_ray(2)
     try:
         with console.status("real run: 2 local Ray replicas, static then balanced..."):
             real = {p: _real_run(model_dir, p, real_rollouts, seed=1) for p in ("static", "balanced")}

@@ -57,6 +57,11 @@ class HFEngine:
         self.steps = 0
         self.tokens_generated = 0
 
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """What the cache may hold: `max_batch` sequences of at most `max_model_len` tokens."""
+        return self.max_batch * self.max_model_len
+
     @classmethod
     def from_pretrained(cls, path: str, **kw) -> "HFEngine":
         from transformers import AutoModelForCausalLM

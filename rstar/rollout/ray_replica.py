@@ -25,8 +25,8 @@ class EngineActor:
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> dict:
         return asdict(await self.engine.generate(request_id, prompt_ids, sampling_params))
 
-    def kv_capacity_tokens(self) -> int | None:
-        return getattr(self.engine, "kv_capacity_tokens", None)
+    def kv_capacity_tokens(self) -> int:
+        return self.engine.kv_capacity_tokens
 
 
 class RayReplica:
@@ -39,3 +39,6 @@ class RayReplica:
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation:
         return Generation(**await self.actor.generate.remote(request_id, prompt_ids, sampling_params))
+
+    async def kv_capacity_tokens(self) -> int:
+        return await self.actor.kv_capacity_tokens.remote()

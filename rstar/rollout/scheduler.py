@@ -122,6 +122,11 @@ class BalancedScheduler:
         self.chunk_tokens = chunk_tokens
         self.requeued = 0
 
+    @property
+    def served(self) -> list[int]:
+        """Requests answered, per replica."""
+        return [r.served for r in self.replicas]
+
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation:
         budget = int(sampling_params["max_tokens"])
         if not self.chunk_tokens:
@@ -207,8 +212,11 @@ class StaticScheduler:
     def __init__(self, engines: list) -> None:
         self.engines = engines
         self.assigned: dict[str, int] = {}
+        self.served = [0] * len(engines)  # requests answered, per engine
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation:
         rollout = rollout_of(request_id)
         i = self.assigned.setdefault(rollout, len(self.assigned) % len(self.engines))
-        return await self.engines[i].generate(request_id, prompt_ids, sampling_params)
+        gen = await self.engines[i].generate(request_id, prompt_ids, sampling_params)
+        self.served[i] += 1
+        return gen

@@ -33,6 +33,25 @@ def test_rollout_command_writes_readable_trajectories(tiny_dir, tmp_path):
     assert summary["rollouts"] == 6 and 0 <= summary["accuracy"] <= 1 and summary["model_tokens_per_s"] > 0
 
 
+def test_rollout_over_two_ray_replicas_behind_the_balanced_scheduler(tiny_dir, tmp_path):
+    problems = str(tmp_path / "p.parquet")
+    write_table(synth.generate(3, seed=5, levels=(1,)), problems, "problems")
+    out = str(tmp_path / "traj.parquet")
+    r = CliRunner().invoke(app, ["rollout", "--model", tiny_dir, "--problems", problems, "--out", out, "--k", "4",
+                                 "--max-response-tokens", "24", "--max-turns", "2", "--replicas", "2"])
+    assert r.exit_code == 0, r.output
+    assert len(read_table(out, "trajectories")) == 12
+    served = json.loads(r.output.split("requests served per replica: ")[1].split("\n")[0])
+    assert len(served) == 2 and all(n > 0 for n in served) and sum(served) >= 12  # both replicas worked
+
+
+def test_rollout_refuses_unknown_engine_and_scheduler(tiny_dir, tmp_path):
+    for flag, value in (("--engine", "tgi"), ("--scheduler", "random"), ("--replicas", "0")):
+        r = CliRunner().invoke(app, ["rollout", "--model", tiny_dir, "--problems", "p.parquet", "--out", "o.parquet",
+                                     flag, value])
+        assert r.exit_code != 0 and flag in r.output
+
+
 def test_consistency_filter_through_the_rollout_engine(tiny_dir, tmp_path):
     """`rstar data curate --consistency-model`: k rollouts per problem by a real model; an
     untrained model agrees with no label, so every problem is rejected as inconsistent."""

@@ -126,6 +126,7 @@ async def test_static_split_is_round_robin_by_rollout():
     for rid in ["x/1", "y/1", "x/2", "z/1", "y/2"]:
         await sched.generate(rid, [1, 2], {"max_tokens": 4})
     assert reps[0].served == ["x/1", "x/2", "z/1"] and reps[1].served == ["y/1", "y/2"]
+    assert sched.served == [3, 2]
 
 
 async def test_agent_loop_over_two_real_replicas(tiny_dir, tokenizer, agent_sandbox):
