@@ -33,10 +33,10 @@ class Workload:
     max_response: int = 12_288
 
     @classmethod
-    def long_tail(cls, rollouts: int, seed: int = 0, lo: int = 1024, hi: int = 12_288, group: int = 16,
+    def long_tail(cls, rollouts: int, seed: int = 0, lo: int = 1024, hi: int = 12_288, group: int = 32,
                   prompt_sigma: float = 0.6, sample_sigma: float = 0.45) -> "Workload":
-        """Rollouts in groups of `group` samples of one prompt, stored contiguously as verl
-        stores them (`repeat(interleave=True)`). Length depends on the problem: each prompt draws
+        """Rollouts in groups of `group` samples of one prompt (the paper samples 32 and keeps 16),
+        stored contiguously as verl stores them (`repeat(interleave=True)`). Length depends on the problem: each prompt draws
         a median length (log-normal around 2.5K), its samples vary around it; clipped to lo-hi."""
         rng = random.Random(seed)
         turns = []
