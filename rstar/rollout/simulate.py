@@ -113,7 +113,7 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
     events: list = []
     counter = 0
     # balanced, the shared queue: new rollouts (all alike, first come first served), and requests
-    # of rollouts in progress, which wait for their home replica where their prefix is cached
+    # of rollouts in progress, which go back to the replica holding their prefix, or move when it is full
     fresh: collections.deque[_Req] = collections.deque()
     resumed: list[_Req] = []
     home: dict[int, int] = {}
