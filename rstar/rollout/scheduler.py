@@ -168,8 +168,7 @@ class BalancedScheduler:
         homes, new = plan_dispatch([r.free for r in self.replicas], [r.alive for r in self.replicas],
                                    [(req.need, home) for req, home in resumed], [req.need for req in fresh])
         placed = [(req, i) for (req, _), i in zip(resumed, homes) if i is not None] + list(zip(fresh, new))
-        started = {id(req) for req, _ in placed}
-        self.queue = collections.deque(req for req in self.queue if id(req) not in started)
+        self.queue = collections.deque([req for (req, _), i in zip(resumed, homes) if i is None] + fresh[len(new):])
         for req, i in placed:
             self._start(i, req)
         if self.queue and not any(r.alive for r in self.replicas):

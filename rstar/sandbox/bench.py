@@ -193,8 +193,9 @@ def run_benchmarks(trivial_calls: int, sympy_calls: int, baseline_calls: int, si
         "| " + " | ".join(f"{v:.2f}" for v in costs.values()) + " |",
         "",
         "Most of it is the kernel, not Python (a `perf record -a` of this benchmark on 2026-11-29, on a slower "
-        "host: ~79% of all CPU in the kernel): page faults ~31% (copy-on-write of pages a call's reference counting touches, and mapping "
-        "the interpreter's code in each new process), tearing down each call process's address space at exit "
+        "host: ~79% of all CPU in the kernel): page faults ~31% (copy-on-write of pages a call's reference "
+        "counting touches, and mapping the interpreter's code in each new process), tearing down each call "
+        "process's address space at exit "
         "~23%, fork's page-table copy ~15%, the interpreters ~10%. Executors start calls in bursts (every "
         "snippet compiled, then all forks back to back), so an executor re-faults its own pages once per burst "
         "rather than once per call.",
