@@ -46,7 +46,8 @@ def pipeline(config: str = "configs/tiny.yaml", overrides: dict | None = None) -
             if s.name == recipe.mine.after:
                 run("mine", {**_model_inputs(prev), **train})
         models = ["sft"] + [s.name for s in recipe.rl]
-        run("evaluate", {"models": {m: outs[m]["model"] for m in models},
+        copying = {m: {k: v for k, v in outs[m]["metrics"].items() if k.startswith("copy_")} for m in ("base", "sft")}
+        run("evaluate", {"models": {m: outs[m]["model"] for m in models}, "copying": copying,
                          "digests": {m: outs[m]["model_digest"] for m in models},
                          "versions": {m: outs[m]["model_version"] for m in models},
                          "problems": data["eval"], "problems_digest": data["eval_digest"]})
@@ -62,7 +63,7 @@ def pipeline(config: str = "configs/tiny.yaml", overrides: dict | None = None) -
 
 def _where_to_look(recipe, uri: str, parent: str, outs: dict) -> None:
     log = get_run_logger()
-    log.info("\n%s\n", outs["evaluate"]["table"])
+    log.info("\n%s\n\n%s\n", outs["evaluate"]["table"], "\n".join(outs["evaluate"]["verdict"]))
     log.info("storage: %s", Layout(recipe.storage_root).root)
     log.info("MLflow parent run %s; UI: mlflow ui --backend-store-uri %s", parent, uri)
     log.info("Prefect UI: prefect server start (then open http://127.0.0.1:4200)")

@@ -18,3 +18,11 @@ def write_section(path: str, name: str, markdown: str) -> None:
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.DOTALL)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
     atomic_write_text(path, text)
+
+
+def publish(path: str, name: str, lines: list[str]) -> str:
+    """Print a benchmark's markdown and write it as section `name` of `path`; returns it."""
+    markdown = "\n".join(lines)
+    write_section(path, name, markdown)
+    print(markdown)
+    return markdown

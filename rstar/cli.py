@@ -37,11 +37,51 @@ def _overrides(values: list[str]) -> dict:
 @pipeline_app.command("run")
 def pipeline_run(config: str = typer.Option("configs/tiny.yaml", help="The recipe (YAML)."),
                  set_: list[str] = typer.Option([], "--set", help="Override a recipe value: KEY=VALUE, e.g. "
-                                                                   "rl.0.steps=2 (repeatable).")) -> None:
+                                                                   "rl.0.steps=2 (repeatable)."),
+                 report_json: str = typer.Option(None, help="Also write what the run measured (metrics, seconds, "
+                                                            "accuracy, verdict) to this JSON file.")) -> None:
     """Run the whole recipe: base, problems, SFT, RL stages, mining, evaluation."""
-    from flows.pipeline import pipeline
+    import json
 
-    pipeline(config, _overrides(set_))
+    from flows.pipeline import pipeline
+    from rstar.pipeline.bench import pipeline_report
+    from rstar.pipeline.config import load_recipe
+    from rstar.storage import atomic_write_text
+
+    overrides = _overrides(set_)
+    outs = pipeline(config, overrides)
+    if report_json:
+        report = pipeline_report(load_recipe(config, overrides), outs)
+        atomic_write_text(report_json, json.dumps(report, indent=1, default=str))
+
+
+@pipeline_app.command("plan")
+def pipeline_plan(config: str = typer.Option("configs/tiny.yaml", help="The recipe (YAML)."),
+                  set_: list[str] = typer.Option([], "--set", help="Override a recipe value: KEY=VALUE (repeatable)."),
+                  as_json: bool = typer.Option(False, "--json", help="Print {\"stages\": [...]} as JSON.")) -> None:
+    """Print each stage's engine, Ray job resources and (verl stages) the checked verl command; run nothing."""
+    import json
+    import shlex
+
+    from rstar.pipeline.config import ConfigError, load_recipe
+    from rstar.pipeline.plan import PlanError, plan
+
+    try:
+        stages = plan(load_recipe(config, _overrides(set_), check_inputs=False))  # a plan reads no data
+    except ConfigError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    except PlanError as e:
+        typer.echo(f"{config}: {e}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps({"stages": stages}, indent=1))
+        return
+    for s in stages:
+        r = s["resources"]
+        print(f"{s['name']:<10} {s['engine']:<6} cpus {r['cpus']:g}, gpus {r['gpus']:g}, nodes {r['nodes']}")
+        if s["command"]:
+            print("    " + shlex.join(s["command"]))
 
 
 @pipeline_app.command("reevaluate")
@@ -68,11 +108,61 @@ def serve_command(config: str = typer.Option("configs/tiny.yaml"), name: str = t
 def bench_recipe_command(config: str = typer.Option("configs/tiny.yaml"),
                          out: str = typer.Option("docs/benchmarks.md"),
                          png: str = typer.Option("docs/tiny_ablation.png"),
-                         seeds: int = typer.Option(3, min=1, help="Seeds of the RoC-vs-GRPO ablation (each runs stage 1 twice).")) -> None:
+                         seeds: int = typer.Option(3, min=1, help="Seeds of the RoC-vs-GRPO ablation (each runs "
+                                                                  "stage 1 twice), or with --robustness of the whole recipe."),
+                         robustness: bool = typer.Option(False, help="Instead: the whole recipe from the base per seed, "
+                                                                     "kernel set and thread count (rstar.pipeline.robustness)."),
+                         rebuild_base: bool = typer.Option(False, help="With --robustness: pretrain the base in every run "
+                                                                       "(its seed moved too) instead of the shipped one."),
+                         root: str = typer.Option("runs/robustness", help="With --robustness: storage of the runs.")) -> None:
     """The tiny recipe's time, accuracy per stage and RoC-vs-GRPO ablation -> docs/benchmarks.md."""
+    if robustness:
+        from rstar.pipeline.robustness import run_robustness
+
+        run_robustness(config, out, seeds, rebuild_base, root)
+        return
     from rstar.pipeline.bench import run_recipe_benchmark
 
     run_recipe_benchmark(config, out, png, seeds)
+
+
+model_app = typer.Typer(help="The embedded default's base model.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+
+@model_app.command("build-base")
+def build_base_command(config: str = typer.Option("configs/tiny.yaml", help="Recipe whose `base` section to build."),
+                       out: str = typer.Option(None, help="Directory to write (default: the recipe's base.shipped)."),
+                       threads: int = typer.Option(2, help="torch threads (the shipped base was built with 2)."),
+                       set_: list[str] = typer.Option([], "--set", help="Override a recipe value: KEY=VALUE (repeatable).")
+                       ) -> None:
+    """Pretrain the tiny base of a recipe and write it with its manifest (digest, versions, CPU)."""
+    import time
+
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rstar.eval.copying import copy_probe
+    from rstar.model.shipped import pretrain_base, write_shipped
+    from rstar.pipeline.config import load_recipe
+
+    recipe = load_recipe(config, _overrides(set_), check_inputs=False)  # the base it writes need not exist yet
+    out = out or recipe.base.shipped
+    if not recipe.base.build_tiny or not out:
+        raise typer.BadParameter("the recipe builds no tiny base, or no --out and no base.shipped to write to")
+    torch.set_num_threads(threads)
+    start = time.time()
+    with Progress(TextColumn("pretraining"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+                  TimeElapsedColumn()) as bar:
+        job = bar.add_task("pretrain", total=recipe.base.pretrain_steps, loss="-")
+        model, tok, history = pretrain_base(recipe.base, on_step=lambda s, m: bar.update(
+            job, completed=s, loss=f"{m['loss']:.3f}"))
+    seconds = time.time() - start
+    metrics = {"pretrain_loss": history[-1]["loss"],
+               **{f"copy_{k}": v for k, v in copy_probe(model, tok, chat=False).items()}}
+    write_shipped(model, tok, recipe.base, out, seconds=seconds, metrics=metrics,
+                  rebuild=f"rstar model build-base --config {config}" + (f" --out {out}" if out != recipe.base.shipped else ""))
+    print(f"base written to {out} in {seconds:.0f} s: {metrics}")
 
 
 @app.command("lineage")

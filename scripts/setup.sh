@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # Set up (or update) the project's virtual environment. Idempotent; re-runs only when
-# pyproject.toml or this script changed. PyTorch's CPU build is installed first so that
-# nothing later pulls a multi-GB CUDA build.
+# pyproject.toml, constraints.txt or this script changed. constraints.txt pins every package
+# to the version the documented figures were measured with. PyTorch's CPU build is installed
+# first so that nothing later pulls a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 STAMP=.venv/.rstar-setup
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 # The CPU build first (pip finds it on this machine's disk), so nothing pulls a CUDA build later.
-.venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev]"
+.venv/bin/python -m pip install -q -c constraints.txt torch
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev]"
 echo "$want" > "$STAMP"
 echo "environment ready: .venv"

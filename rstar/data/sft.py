@@ -161,6 +161,10 @@ def _printed(ask: str, expr: str) -> list[dict]:
     return _with_tool(ask, _PRINT_PLAN, f"print({expr})", _PRINT_READ, eval(expr))  # noqa: S307 - generated
 
 
+_ASK_CALC = ("Use Python to evaluate {}.", "Calculate {} with the tool.", "What does Python print for {}?",
+             "Run {} in Python and report the value.", "Please compute {} exactly, using code.")
+
+
 def _calc(rng):
     """Arithmetic written in Python syntax, operands of one to three digits in any position
     (a model that only saw small second operands breaks its JSON after a long one)."""
@@ -168,9 +172,19 @@ def _calc(rng):
     base, e, m = rng.randint(2, 99), rng.randint(2, 30), rng.randint(7, 99)  # powers of 2-digit bases
     expr = rng.choice([f"{a}+{b}", f"{a}-{b}", f"{a}*{b}", f"{a}//{b}", f"{a}%{m}", f"{base}**{e}",
                        f"({a}+{b})*{c}", f"{a}*{b}*{c}", f"pow({a}, {d}, {m})", f"{base}**{d} % {m}"])
-    ask = rng.choice(["Use Python to evaluate {}.", "Calculate {} with the tool.", "What does Python print for {}?",
-                      "Run {} in Python and report the value.", "Please compute {} exactly, using code."])
+    ask = rng.choice(_ASK_CALC)
     return "calc", _printed(ask.format(expr), expr)
+
+
+def _calc_long(rng):
+    """Arithmetic in Python syntax whose value runs to 4-8 digits, mostly 6 (three 2-digit number
+    tokens): reading a long result back into \\boxed{} is the copy the tiny model loses first,
+    and `calc`'s operands of one to three digits rarely make one."""
+    a, b, c = (rng.randint(100, 999) for _ in range(3))
+    x, y, z = (rng.randint(11, 99) for _ in range(3))
+    expr = rng.choice([f"{a}*{b}", f"{x}*{y}*{z}", f"{a}*{b}+{c}", f"{a}*{b}-{x}", f"{x}**3*{y}"])
+    ask = rng.choice(_ASK_CALC)
+    return "calc_long", _printed(ask.format(expr), expr)
 
 
 _ASK_ARITH = ("What is {}?", "Evaluate {}.", "Work out {}.", "How much is {}?", "Give the value of {}.")
@@ -204,6 +218,7 @@ def _no_tool(rng):
 
 TASKS = {"reverse": _reverse, "count_letter": _count_letter, "sort_words": _sort_words, "word_count": _word_count,
          "longest_word": _longest_word, "error_recovery": _error_recovery, "stdin": _stdin_echo, "calc": _calc,
+         "calc_long": _calc_long,
          "instruction": _no_tool, "arith_tool": lambda rng: _arith(rng, True),
          "arith_direct": lambda rng: _arith(rng, False), "arith_recover": _arith_recover}
 

@@ -16,8 +16,9 @@ import shutil
 import tempfile
 from dataclasses import replace
 
-from rstar.benchreport import write_section
+from rstar.benchreport import publish
 from rstar.pipeline.config import load_recipe
+from rstar.pipeline.verdict import overall_accuracy
 from rstar.storage import atomic_write_text
 from rstar.tracking import mlflow_log as ml
 
@@ -34,9 +35,15 @@ def _stage_seconds(recipe, outs: dict) -> dict[str, float]:
     return seconds
 
 
-def _accuracy(summary: dict) -> float:
-    n = sum(m["questions"] for m in summary.values())
-    return sum(m["avg_pass@1"] * m["questions"] for m in summary.values()) / n
+def pipeline_report(recipe, outs: dict) -> dict:
+    """What one pipeline run measured, as JSON: each stage's headline metrics and seconds, held-out
+    accuracy per checkpoint, the recipe's time and the verdict (`rstar pipeline run --report-json`)."""
+    seconds = _stage_seconds(recipe, outs)
+    ev = outs["evaluate"]
+    return {"metrics": {stage: out.get("metrics", {}) for stage, out in outs.items() if stage != "evaluate"},
+            "seconds": seconds, "recipe_seconds": sum(seconds.get(s, 0.0) for s in RECIPE_STAGES),
+            "accuracy": {name: overall_accuracy(s) for name, s in ev["summaries"].items()},
+            "learnt": ev["learnt"], "verdict": ev["verdict"]}
 
 
 def ablation(recipe, sft_model: str, seeds: int = 3, modes=("roc", "grpo")) -> dict[str, dict[int, list[dict]]]:
@@ -162,7 +169,7 @@ def run_recipe_benchmark(config: str, out: str = "docs/benchmarks.md", png: str 
     wall = time.monotonic() - start
     seconds = _stage_seconds(recipe, outs)
     summaries = outs["evaluate"]["summaries"]
-    acc = {name: _accuracy(s) for name, s in summaries.items()}
+    acc = {name: overall_accuracy(s) for name, s in summaries.items()}
     histories = ablation(recipe, outs["sft"]["model"], seeds)
     # the per-step histories beside the plot, to re-plot or re-read
     atomic_write_text(os.path.splitext(png)[0] + ".json", json.dumps(histories, indent=1, default=str))
@@ -193,7 +200,4 @@ def run_recipe_benchmark(config: str, out: str = "docs/benchmarks.md", png: str 
         f"Target: RoC below GRPO in the correct trajectories sampled, pooled over the seeds "
         f"({'met' if met else 'NOT met'}; the kept ones are lower under RoC by selection alone).",
     ]
-    markdown = "\n".join(lines)
-    write_section(out, "tiny-recipe", markdown)
-    print(markdown)
-    return markdown
+    return publish(out, "tiny-recipe", lines)

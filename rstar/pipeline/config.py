@@ -21,6 +21,7 @@ from rstar.data import sft as sft_data
 from rstar.data.curate import SourceSpec
 from rstar.data import synth
 from rstar.eval.run import EvalConfig
+from rstar.pipeline.verdict import Expect
 from rstar.train.rl import StageConfig
 from rstar.train.sft import SFTConfig
 
@@ -70,11 +71,16 @@ class BaseModelSpec(_Strict):
     pretrain_batch: int = 16      # rows of pretrain_seq_len packed tokens
     pretrain_seq_len: int = 192
     seed: int = 0
+    # A directory holding this tiny base already built (`rstar model build-base`): used when its
+    # manifest matches the fields above and its files their digest (rstar.model.shipped).
+    shipped: str | None = None
 
     @model_validator(mode="after")
     def _one(self):
         if self.build_tiny == (self.path is not None):
             raise ValueError("give either build_tiny: true or a path, not both")
+        if self.shipped and not self.build_tiny:
+            raise ValueError("shipped names a built tiny base: it needs build_tiny: true")
         return self
 
 
@@ -132,6 +138,7 @@ class Recipe(_Strict):
     rl: list[StageConfig]
     mine: MineSection = MineSection()
     eval: EvalConfig = EvalConfig()
+    expect: Expect = Expect()                    # what the final verdict calls learning (rstar.pipeline.verdict)
     resources: Resources = Resources()
     retries: Retries = Retries()
     tracking: Tracking = Tracking()
@@ -161,7 +168,7 @@ class Recipe(_Strict):
         cache key): editing the evaluation protocol does not re-run SFT."""
         dump = self.model_dump(mode="json")
         parts = {"base": ["base"], "problems": ["train_problems", "eval_problems"], "sft": ["sft", "prompt_style"],
-                 "mine": ["mine", "prompt_style"], "evaluate": ["eval", "prompt_style"]}
+                 "mine": ["mine", "prompt_style"], "evaluate": ["eval", "expect", "prompt_style"]}
         if stage in parts:
             return {k: dump[k] for k in parts[stage]}
         return {"rl": next(s for s in dump["rl"] if s["name"] == stage), "prompt_style": self.prompt_style}
@@ -226,6 +233,8 @@ def _input_files(recipe: Recipe):
                 yield f"{section}.files.{i}", spec.path  # anything else is a hub dataset name
     if recipe.base.path and recipe.base.path.startswith(("/", ".", "s3://")):
         yield "base.path", recipe.base.path
+    if recipe.base.shipped:
+        yield "base.shipped", recipe.base.shipped
 
 
 def _set(tree: dict, keys: list[str], value, path: str) -> None:

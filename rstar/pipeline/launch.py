@@ -12,8 +12,8 @@ import os
 from rstar.pipeline.config import Recipe
 
 # Environment a stage needs on whatever node runs it: storage endpoints and credentials,
-# MLflow settings, project settings.
-FORWARDED = ("RSTAR_", "AWS_", "MLFLOW_", "HF_")
+# MLflow settings, project settings, torch's kernel choice (ATEN_CPU_CAPABILITY).
+FORWARDED = ("RSTAR_", "AWS_", "MLFLOW_", "HF_", "ATEN_")
 
 
 def ensure_ray(cpus: float, object_store_mb: int = 256) -> None:

@@ -95,7 +95,8 @@ def _copy_probe(model, tokenizer, log, recipe: Recipe, *, chat: bool) -> dict:
 
 # -- stages -----------------------------------------------------------------------------------
 def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
-    """The model SFT starts from: built and pretrained here, or taken from a path/hub name."""
+    """The model SFT starts from: the tiny base shipped with the project (checked against its
+    manifest), built and pretrained here, or taken from a path/hub name."""
     spec = recipe.base
     if not spec.build_tiny:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -105,14 +106,21 @@ def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
         model, tok = AutoModelForCausalLM.from_pretrained(spec.path), AutoTokenizer.from_pretrained(spec.path)
         tok.chat_template = CHAT_TEMPLATE  # the rStar2-Agent format, identical in HF, vLLM and verl
         return _model_output(_save(model, tok, layout.model("base")), "base", {})
-    from rstar.model.pretrain import PretrainConfig, pretrain
-    from rstar.model.tiny import build_model, build_tokenizer
+    if spec.shipped:
+        from rstar.model.shipped import MANIFEST, check_shipped
 
-    tok = build_tokenizer(seed=spec.seed, number_chunk=spec.number_chunk)
-    model = build_model(tok, hidden=spec.hidden, layers=spec.layers, intermediate=3 * spec.hidden, seed=spec.seed)
-    history = pretrain(model, tok, PretrainConfig(steps=spec.pretrain_steps, batch_size=spec.pretrain_batch,
-                                                  seq_len=spec.pretrain_seq_len, lr=spec.pretrain_lr, seed=spec.seed),
-                       on_step=lambda s, m: _progress(log, "pretrain", s, spec.pretrain_steps, m))
+        manifest = check_shipped(os.path.abspath(spec.shipped), spec)
+        log.tag("rstar.base_shipped", f"{spec.shipped} digest {manifest['digest']} built {manifest['built']} "
+                                      f"on {manifest['cpu']}")
+        uri = _publish(layout.model("base"), lambda tmp: shutil.copytree(
+            os.path.abspath(spec.shipped), tmp, ignore=shutil.ignore_patterns(MANIFEST)))
+        model, tok = _load(uri)
+        copying = _copy_probe(model, tok, log, recipe, chat=False)
+        return _model_output(uri, "base", copying)  # its model_digest is the manifest's digest
+    from rstar.model.shipped import pretrain_base
+
+    model, tok, history = pretrain_base(spec, on_step=lambda s, m: _progress(log, "pretrain", s,
+                                                                             spec.pretrain_steps, m))
     copying = _copy_probe(model, tok, log, recipe, chat=False)
     return _model_output(_save(model, tok, layout.model("base")), "base",
                          {"pretrain_loss": history[-1]["loss"] if history else None,
@@ -239,9 +247,12 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
     # The stage's model is its last checkpoint, trainer state included, so the next stage can
     # carry the AdamW moments over (unless it resets them).
     final = _publish(layout.model(stage), lambda tmp: shutil.copytree(os.path.join(work, "checkpoint"), tmp))
+    # training accuracy at the start and the end of the stage, so its summary shows whether it rose
+    ends = {f"accuracy_{name}_{len(part)}_steps": sum(h["accuracy"] for h in part) / len(part)
+            for name, part in (("first", history[:5]), ("last", history[-5:])) if part}
     return {**_model_output(final, stage,
-                            {k: last.get(k) for k in ("accuracy", "tool_error_rate", "tool_error_rate_positive",
-                                                      "tool_error_rate_positive_kept", "response_len_mean")}),
+                            {**ends, **{k: last.get(k) for k in ("accuracy", "tool_error_rate", "tool_error_rate_positive",
+                                                                 "tool_error_rate_positive_kept", "response_len_mean")}}),
             "trajectories": layout.trajectories(stage), "steps": len(history)}
 
 
@@ -254,11 +265,17 @@ def _rl_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str) 
 
     from rstar.train.verl_launcher import build_verl_run
 
+    held_out = layout.dataset("eval_problems")
+    fs, path = filesystem(held_out)
     cmd = build_verl_run(replace(cfg, prompt_style=recipe.prompt_style), model=dirs.pull(inputs["model"]),
                          problems=inputs["problems"], sandbox_url=recipe.sandbox_url, out_dir=work,
-                         n_gpus=int(recipe.resources.gpus), nodes=recipe.resources.nodes)
+                         n_gpus=int(recipe.resources.gpus), nodes=recipe.resources.nodes,
+                         val_problems=held_out if fs.exists(path) else None, experiment=recipe.tracking.experiment)
     log.tag("rstar.verl_command", " ".join(cmd)[:5000])
-    subprocess.run(cmd, check=True)
+    # verl's MLflow logger writes into this stage's run, beside the pipeline's own metrics
+    run_id = getattr(log, "run_id", None)
+    mlflow_env = {"MLFLOW_TRACKING_URI": log.tracking_uri, "MLFLOW_RUN_ID": run_id} if run_id else {}
+    subprocess.run(cmd, check=True, env={**os.environ, **mlflow_env})
     merged = os.path.join(work, "hf")
     subprocess.run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
                     "--local_dir", os.path.join(work, f"global_step_{cfg.steps}", "actor"), "--target_dir", merged],
@@ -304,6 +321,7 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     from rstar.data.io import read_table, write_json, write_table
     from rstar.eval.report import write_report
     from rstar.eval.run import evaluate_model, markdown_table
+    from rstar.pipeline.verdict import verdict
 
     problems_ = read_table(inputs["problems"], "problems").to_pylist()
     out_dir = layout.reports(inputs.get("report_name", "eval"))
@@ -313,14 +331,20 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
                                                   prompt_style=recipe.prompt_style, name=name)
         write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
     write_json(summaries, f"{out_dir}/summary.json")
+    # The recipe's verdict when these are its checkpoints (SFT, then RL stages), not a re-evaluation's pick
+    recipe_order = ["sft"] + [r.name for r in recipe.rl]
+    learnt, lines = verdict(summaries, recipe.expect, inputs.get("copying")) \
+        if list(summaries) == recipe_order else (None, [])
     paths = write_report(summaries, recipe.eval.k, out_dir)
     for p in paths:
         log.artifact(p)
     flat = {f"{name}/{bench}/{key}": value for name, s in summaries.items() for bench, m in s.items()
             for key, value in m.items() if isinstance(value, (int, float))}
     log.metrics(0, flat, prefix="eval/")
+    if learnt is not None:
+        log.tag("rstar.learnt", str(learnt).lower())
     return {"report": out_dir, "summaries": summaries, "table": markdown_table(summaries, recipe.eval.k),
-            "metrics": {k: v for k, v in flat.items() if k.endswith("avg_pass@1")}}
+            "learnt": learnt, "verdict": lines, "metrics": {k: v for k, v in flat.items() if k.endswith("avg_pass@1")}}
 
 
 def _marker(recipe: Recipe, stage: str, inputs: dict) -> str:
@@ -371,4 +395,6 @@ def summary_markdown(stage: str, out: dict, links: dict) -> str:
     lines += ["", *(f"- {k}: `{v}`" for k, v in links.items())]
     if "table" in out:
         lines += ["", out["table"]]
+    if out.get("verdict"):
+        lines += ["", "## Did it learn?", "", *(f"- {line}" for line in out["verdict"])]
     return "\n".join(lines) + "\n"

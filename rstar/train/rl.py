@@ -45,6 +45,8 @@ class StageConfig:
     clip_high: float = 0.28
     init_from: str | None = None      # the previous stage's checkpoint directory, if any
     reset_optimizer: bool = False     # start with fresh AdamW moments instead of init_from's (the paper resets before stage 3)
+    checkpoint_every: int = 1         # steps between checkpoints (a crash redoes at most this many steps)
+    checkpoints_kept: int = 1         # verl keeps this many (with optimizer state); the local trainer keeps the last
     seed: int = 0
     prompt_style: str = "paper"       # rstar.agent.format.STYLES; a recipe sets it once for all stages
 
@@ -148,7 +150,8 @@ class RLTrainer:
                 if self.trajectories:
                     write_table(records, f"{self.trajectories}/step={self.step:05d}.parquet", "trajectories")
                 self.history.append(metrics)
-                self.save()
+                if self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps:
+                    self.save()
                 if self.on_step:
                     self.on_step(self.step, metrics)
         await engine.close()

@@ -134,16 +134,18 @@ def test_sft_task_selection_and_calc_examples_are_right():
 
     from rstar.data import sft
 
-    rows = sft.generate(40, seed=3, tasks=["calc", "reverse"])
-    assert {r["task"] for r in rows} == {"calc", "reverse"}
+    rows = sft.generate(60, seed=3, tasks=["calc", "calc_long", "reverse"])
+    assert {r["task"] for r in rows} == {"calc", "calc_long", "reverse"}
     for r in rows:
-        if r["task"] == "calc":
+        if r["task"].startswith("calc"):
             msgs = json.loads(r["messages"])
             code = msgs[1]["tool_calls"][0]["arguments"]["code"]
             expr = code.removeprefix("print(").removesuffix(")")
             assert code == f"print({expr})" and expr in msgs[0]["content"]
             assert msgs[2]["content"].strip() == str(eval(expr))
             assert f"\\boxed{{{eval(expr)}}}" in msgs[3]["content"]
+            if r["task"] == "calc_long":  # a value of 4-8 digits (mostly 6) to read back
+                assert 9_900 <= eval(expr) < 100_000_000
     with _pytest.raises(ValueError, match=r"unknown SFT task\(s\) \['nope'\]"):
         sft.generate(3, tasks=["nope"])
 

@@ -10,6 +10,7 @@ import yaml
 import flows  # noqa: F401 - sets the Prefect/Ray environment defaults before Prefect loads
 
 SMALL = {
+    "base.shipped": None,  # the shipped base is of tiny.yaml's size: pretrain a small one
     "base.hidden": 32, "base.layers": 1, "base.pretrain_steps": 3, "base.pretrain_batch": 4, "base.pretrain_seq_len": 32,
     "train_problems.synthetic.n": 12, "eval_problems.synthetic.n": 3,
     "sft.examples": 8, "sft.train.batch_size": 4, "sft.train.micro_batch_size": 4,

@@ -1,5 +1,6 @@
 """The recipe benchmark's arithmetic and its ablation plot."""
-from rstar.pipeline.bench import _accuracy, ablation_table, end_window, per_step, plot_ablation, pooled_error_rate
+from rstar.pipeline.bench import ablation_table, end_window, per_step, plot_ablation, pooled_error_rate
+from rstar.pipeline.verdict import overall_accuracy
 
 
 def _step(step, calls, errors, accuracy=0.5, kept_calls=0, kept_errors=0):
@@ -10,7 +11,7 @@ def _step(step, calls, errors, accuracy=0.5, kept_calls=0, kept_errors=0):
 
 def test_accuracy_weights_benchmarks_by_questions():
     summary = {"a": {"questions": 1, "avg_pass@1": 1.0}, "b": {"questions": 3, "avg_pass@1": 0.0}}
-    assert _accuracy(summary) == 0.25
+    assert overall_accuracy(summary) == 0.25
 
 
 def test_error_rates_pool_calls_not_step_rates():

@@ -9,7 +9,9 @@ import pytest
 
 from rstar.data.io import read_table
 from rstar.data.schema import schema
+from rstar.pipeline.bench import pipeline_report
 from rstar.pipeline.config import load_recipe
+from rstar.pipeline.verdict import overall_accuracy
 from rstar.storage import filesystem
 from rstar.tracking import mlflow_log as ml
 from rstar.tracking.lineage import lineage
@@ -155,6 +157,22 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     assert set(artifacts) == {artifact_key(recipe.name, s) for s in STAGES}
     assert outs["rl3"]["model_version"] in artifacts[artifact_key(recipe.name, "rl3")]
     assert "| rl3 avg@1" in artifacts[artifact_key(recipe.name, "evaluate")]
+    # a reduced recipe that cannot learn in 5 steps is told so, with the copy probes beside
+    assert outs["evaluate"]["learnt"] is False
+    assert "DID NOT LEARN" in artifacts[artifact_key(recipe.name, "evaluate")]
+    assert any(line.startswith("copy probes") and "sft " in line for line in outs["evaluate"]["verdict"])
+    assert children["evaluate"].data.tags["rstar.learnt"] == "false"
+
+
+def test_the_run_report_holds_what_the_robustness_benchmark_reads(finished_local):
+    path, _, outs = finished_local
+    recipe = load_recipe(path)
+    report = pipeline_report(recipe, outs)
+    assert list(report["accuracy"]) == ["sft", "rl1", "rl2", "rl3"]
+    assert report["accuracy"]["rl3"] == overall_accuracy(outs["evaluate"]["summaries"]["rl3"])
+    assert set(report["metrics"]["sft"]) >= {"copy_into_call", "copy_read_back"}
+    assert report["recipe_seconds"] == sum(report["seconds"][s] for s in ("sft", "rl1", "rl2", "mine", "rl3")) > 0
+    assert report["learnt"] is False and report["verdict"] == outs["evaluate"]["verdict"]
 
 
 def test_rerunning_a_finished_pipeline_serves_every_stage_from_cache(finished_local):

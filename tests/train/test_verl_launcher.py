@@ -18,28 +18,48 @@ STAGE = StageConfig(name="rl1", steps=300, prompts_per_step=512, roc=RoCConfig(g
                     max_response_tokens=8192, max_turns=10, lr=1e-6, warmup_steps=20, mini_batches=4)
 
 
-def test_overrides_compose_with_verls_schema(tmp_path):
+def _compose(overrides):
     import verl
     from hydra import compose, initialize_config_dir
 
-    overrides = verl_overrides(STAGE, model="/models/qwen3-14b-base", train_files="/data/train.parquet",
-                               agent_loop_config="/run/agent_loops.yaml", sandbox_url="http://sandbox:8080",
-                               out_dir="/run/rl1", n_gpus=8, nodes=8)
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=overrides)  # unknown keys would raise here
+        return compose(config_name="ppo_trainer", overrides=overrides)  # unknown keys would raise here
+
+
+def test_overrides_compose_and_pass_verls_own_validation(tmp_path):
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    cfg = _compose(verl_overrides(STAGE, model="/models/qwen3-14b-base", train_files="/data/train.parquet",
+                                  agent_loop_config="/run/agent_loops.yaml", sandbox_url="http://sandbox:8080",
+                                  out_dir="/run/rl1", n_gpus=8, nodes=8, val_files="/data/eval.parquet",
+                                  experiment="rstar-qwen3-14b"))
+    # what main_ppo runs before it starts Ray: no critic, no reference model (no KL), sizes consistent
+    assert not need_critic(cfg) and not need_reference_policy(cfg)
+    validate_config(cfg, use_reference_policy=False, use_critic=False)
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.use_kl_in_reward is False
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.loss_agg_mode) == (0.2, 0.28, "token-mean")
     assert actor.use_kl_loss is False and actor.entropy_coeff == 0 and actor.optim.lr == 1e-6
     assert actor.optim.lr_warmup_steps == 20
+    assert actor.use_dynamic_bsz and actor.ppo_max_token_len_per_gpu >= 2048 + 8192
     assert rollout.n == 32 and rollout.response_length == 8192 and rollout.name == "vllm"
     assert rollout.agent.default_agent_loop == "rstar_agent"
     assert cfg.data.train_batch_size == 512 and cfg.trainer.nnodes == 8
     assert actor.ppo_mini_batch_size == 128   # 4 optimizer steps per rollout batch
     assert cfg.rstar.sandbox_url == "http://sandbox:8080" and cfg.rstar.max_turns == 10
-    assert cfg.custom_reward_function.name == "compute_score"
-    assert os.path.exists(cfg.custom_reward_function.path)
+    # validation on the held-out set once, at the end; checkpoints as the recipe says, capped
+    assert cfg.data.val_files == "/data/eval.parquet" and cfg.trainer.val_before_train is False
+    assert cfg.trainer.test_freq == STAGE.steps
+    assert cfg.trainer.save_freq == STAGE.checkpoint_every and cfg.trainer.max_actor_ckpt_to_keep == 1
+    assert list(cfg.trainer.logger) == ["console", "mlflow"] and cfg.trainer.project_name == "rstar-qwen3-14b"
+    # the reward verl loads is the project's answer-only reward, truncation scoring 0
+    reward = get_custom_reward_fn(cfg)
+    answer = "<reason>done</reason>\n<answer>\\boxed{42}</answer>"
+    assert reward("dapo", answer, "42") == 1.0 and reward("dapo", answer, "41") == 0.0
+    assert reward("dapo", answer, "42", extra_info={"rstar_truncated": True}) == 0.0
 
 
 def test_build_writes_dataset_and_agent_loop_files(tmp_path):

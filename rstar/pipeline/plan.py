@@ -1,0 +1,84 @@
+"""`rstar pipeline plan`: what each stage of a recipe will run, checked, without running it.
+
+For every stage, in the order the pipeline runs them: its engine, the Ray job's resources and,
+for an RL stage on verl, the full `python -m verl.trainer.main_ppo` command. That command is
+composed with verl's own Hydra schema and put through `validate_config`, the check verl's
+entry point runs before it starts Ray, so a recipe that verl would refuse fails here, naming
+the stage and verl's message, instead of minutes into a cluster run.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+from rstar.pipeline.config import Recipe
+from rstar.pipeline.stages import Layout
+from rstar.storage import dirs
+
+
+class PlanError(ValueError):
+    """A stage verl would refuse; the message names the stage and what verl said."""
+
+
+def stage_names(recipe: Recipe) -> list[str]:
+    """The stages in the order the pipeline runs them (mining right after `mine.after`)."""
+    names = ["base", "problems", "sft"]
+    for s in recipe.rl:
+        names.append(s.name)
+        if s.name == recipe.mine.after:
+            names.append("mine")
+    return names + ["evaluate"]
+
+
+def compose_verl(overrides: list[str]):
+    """verl's ppo_trainer config with `overrides`, as main_ppo composes it."""
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def check_verl(overrides: list[str]):
+    """Compose and validate as main_ppo does before Ray starts; returns the config."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    cfg = compose_verl(overrides)
+    with contextlib.redirect_stdout(sys.stderr):  # verl prints its verdict; stdout may be --json
+        validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    return cfg
+
+
+def plan(recipe: Recipe) -> list[dict]:
+    """[{"name", "engine", "resources", "command"}] per stage; raises PlanError for a verl stage
+    whose command verl would refuse."""
+    from dataclasses import replace
+
+    from rstar.train.verl_launcher import verl_command
+
+    layout = Layout(recipe.storage_root)
+    resources = recipe.resources.model_dump()
+    stages, before = [], "sft"
+    for name in stage_names(recipe):
+        rl = next((s for s in recipe.rl if s.name == name), None)
+        engine, command = "local", None
+        if rl is not None and recipe.engine == "verl":
+            engine = "verl"
+            work = f"{layout.work_uri(name)}/RUN"  # named at run time by the recipe and inputs (stages._work_dir)
+            cmd = verl_command(replace(rl, prompt_style=recipe.prompt_style), model=dirs.local_dir(layout.model(before)),
+                               train_files=f"{work}/verl_train.parquet", val_files=f"{work}/verl_val.parquet",
+                               agent_loop_config=f"{work}/agent_loops.yaml", sandbox_url=recipe.sandbox_url,
+                               out_dir=work, n_gpus=int(recipe.resources.gpus), nodes=recipe.resources.nodes,
+                               experiment=recipe.tracking.experiment)
+            try:
+                check_verl(cmd[3:])
+            except Exception as e:  # noqa: BLE001 - Hydra, OmegaConf and verl's asserts: say which stage
+                raise PlanError(f"stage {name}: verl refuses its config: {type(e).__name__}: {e}") from None
+            command = cmd
+        if rl is not None:
+            before = name
+        stages.append({"name": name, "engine": engine, "resources": resources, "command": command})
+    return stages

@@ -1,0 +1,139 @@
+"""`rstar bench-recipe --robustness`: does the tiny recipe learn on other seeds and other CPUs?
+
+One run of the recipe is one draw: a seed, and a floating-point path (the CPU's kernels, the
+thread count). Another CPU changes the path, and with it every weight after a few steps. This
+benchmark runs the whole recipe from scratch several times, each a `rstar pipeline run` in its
+own process and storage root, varying what a user's machine varies:
+
+- the seeds of SFT (its data and order) and of every RL stage (prompts, sampling, RoC draws),
+  and with `--rebuild-base` the pretraining seed too (the base is otherwise the shipped one);
+- torch's CPU kernel set (`ATEN_CPU_CAPABILITY`: `default`, `avx2`, and `avx512` where the CPU
+  has it), standing in for other CPU models;
+- the thread count (`resources.cpus` 1 instead of 2: another reduction order in every matmul).
+
+It reports per run the copy probes, held-out accuracy after SFT and each RL stage, the
+verdict, and the recipe's time, and checks the targets on every run, not on the mean.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from rstar.benchreport import publish
+from rstar.pipeline.config import load_recipe
+
+TARGETS = {"sft_max": 0.30, "final_min": 0.75, "gain_min": 0.40}
+
+
+@dataclass
+class Variant:
+    label: str
+    seed: int = 0
+    env: dict = field(default_factory=dict)
+    overrides: dict = field(default_factory=dict)
+
+
+def native_capability() -> str:
+    """torch's kernel set on this CPU ("default", "avx2" or "avx512")."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability().lower()
+
+
+def variants(recipe, seeds: int, rebuild_base: bool) -> list[Variant]:
+    """Seeds 0..seeds-1 on this CPU's own path, then seed 0 under each other kernel set this CPU
+    can run, then seed 0 on one thread."""
+    native = native_capability()
+    kernels = ["default", "avx2"] + (["avx512"] if native == "avx512" else [])
+    out = [Variant(f"seed {s}, {native}, {int(recipe.resources.cpus)} threads", s) for s in range(seeds)]
+    out += [Variant(f"seed 0, {k}, {int(recipe.resources.cpus)} threads", 0, {"ATEN_CPU_CAPABILITY": k})
+            for k in kernels if k != native]
+    out.append(Variant(f"seed 0, {native}, 1 thread", 0, overrides={"resources.cpus": 1}))
+    for v in out:
+        v.overrides.update(seed_overrides(recipe, v.seed, rebuild_base))
+    return out
+
+
+def seed_overrides(recipe, seed: int, rebuild_base: bool) -> dict:
+    """--set values that move every seeded part of the recipe by `seed` (the held-out
+    evaluation keeps its own, so runs differ only by what they trained)."""
+    over = {"sft.seed": recipe.sft.seed + seed, "sft.train.seed": recipe.sft.train.seed + seed}
+    over.update({f"rl.{i}.seed": s.seed + seed for i, s in enumerate(recipe.rl)})
+    if rebuild_base:
+        over.update({"base.shipped": None, "base.seed": recipe.base.seed + seed})
+    return over
+
+
+def run_variant(config: str, variant: Variant, root: str) -> dict:
+    """One whole pipeline run in a fresh process (the kernel set is fixed when torch loads);
+    returns its report (rstar pipeline run --report-json)."""
+    report = os.path.join(root, "report.json")
+    sets = {**variant.overrides, "storage_root": root,
+            "tracking.tracking_uri": f"sqlite:///{os.path.abspath(root)}/mlruns.db"}
+    cmd = [sys.executable, "-m", "rstar.cli", "pipeline", "run", "--config", config, "--report-json", report]
+    for key, value in sets.items():
+        cmd += ["--set", f"{key}={json.dumps(value)}"]
+    start = time.monotonic()
+    subprocess.run(cmd, check=True, env={**os.environ, **variant.env})
+    with open(report) as f:
+        out = json.load(f)
+    out["wall_s"] = time.monotonic() - start
+    return out
+
+
+def meets(report: dict) -> dict[str, bool]:
+    acc = report["accuracy"]
+    sft, final = acc["sft"], list(acc.values())[-1]
+    return {"sft": sft <= TARGETS["sft_max"], "final": final >= TARGETS["final_min"],
+            "gain": final - sft >= TARGETS["gain_min"]}
+
+
+def table(results: list[tuple[Variant, dict]]) -> list[str]:
+    stages = list(results[0][1]["accuracy"])
+    rows = ["| run | base repeat | SFT into_call / read_back | " + " | ".join(stages) +
+            " | recipe s | targets |", "|---|---|---|" + "---|" * len(stages) + "---|---|"]
+    for v, r in results:
+        m, ok = r["metrics"], meets(r)
+        rows.append(f"| {v.label} | {m['base'].get('copy_repeat', float('nan')):.2f} | "
+                    f"{m['sft'].get('copy_into_call', float('nan')):.2f} / "
+                    f"{m['sft'].get('copy_read_back', float('nan')):.2f} | "
+                    + " | ".join(f"{r['accuracy'][s]:.3f}" for s in stages)
+                    + f" | {r['recipe_seconds']:.0f} | {'met' if all(ok.values()) else 'NOT met: ' + ', '.join(k for k, v in ok.items() if not v)} |")
+    return rows
+
+
+def run_robustness(config: str, out: str, seeds: int, rebuild_base: bool, root: str) -> str:
+    import torch
+    import transformers
+
+    from rstar.model.shipped import cpu_model
+
+    recipe = load_recipe(config)
+    results = []
+    for i, v in enumerate(variants(recipe, seeds, rebuild_base)):
+        print(f"[robustness] run {i + 1}: {v.label}", flush=True)
+        r = run_variant(config, v, os.path.join(root, f"run{i}"))
+        results.append((v, r))
+        print(f"[robustness] {v.label}: accuracy {r['accuracy']}, targets {meets(r)}", flush=True)
+    every = all(all(meets(r).values()) for _, r in results)
+    base = "pretrained in each run (its seed moved with the run's)" if rebuild_base else \
+        f"the shipped one ({recipe.base.shipped})"
+    lines = [
+        "## Tiny recipe robustness (`rstar bench-recipe --robustness`)", "",
+        f"`rstar bench-recipe --config {config} --robustness --seeds {seeds}"
+        f"{' --rebuild-base' if rebuild_base else ''}` on {cpu_model()} ({os.cpu_count()} CPUs), "
+        f"torch {torch.__version__}, transformers {transformers.__version__} (constraints.txt), "
+        f"{time.strftime('%Y-%m-%d')}. Each run is the whole recipe from the base in a fresh process and storage "
+        f"root; the base is {base}. A seed moves SFT's data and order and every RL stage's prompts, sampling and "
+        "RoC draws; the kernel set (`ATEN_CPU_CAPABILITY`) and thread count stand in for other CPUs. Held-out "
+        f"accuracy is avg pass@1 over the {recipe.eval_problems.synthetic.n if recipe.eval_problems.synthetic else ''} "
+        f"held-out problems, k={recipe.eval.k}.", "",
+        *table(results), "",
+        f"Targets for every run: SFT <= {TARGETS['sft_max']}, stage 3 >= {TARGETS['final_min']} and at least "
+        f"+{TARGETS['gain_min']} over SFT: {'met by every run' if every else 'NOT met by every run'}.",
+    ]
+    return publish(out, "tiny-robustness", lines)

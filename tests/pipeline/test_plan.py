@@ -1,0 +1,57 @@
+"""`rstar pipeline plan`: every stage with its resources, verl stages' commands checked by verl's
+own validation, nothing run."""
+import json
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("verl")
+
+from rstar.cli import app  # noqa: E402
+from rstar.pipeline.config import load_recipe  # noqa: E402
+from rstar.pipeline.plan import check_verl, stage_names  # noqa: E402
+from rstar.pipeline.stages import Layout  # noqa: E402
+from rstar.storage import dirs  # noqa: E402
+
+
+def test_the_14b_plan_lists_every_stage_and_verl_accepts_every_rl_command():
+    result = CliRunner().invoke(app, ["pipeline", "plan", "--config", "configs/qwen3-14b.yaml", "--json"])
+    assert result.exit_code == 0, result.output
+    stages = json.loads(result.stdout)["stages"]
+    assert [s["name"] for s in stages] == ["base", "problems", "sft", "rl1", "rl2", "mine", "rl3", "evaluate"]
+    verl = [s for s in stages if s["engine"] == "verl"]
+    assert [s["name"] for s in verl] == ["rl1", "rl2", "rl3"]
+    for s in verl:
+        assert s["command"][1:3] == ["-m", "verl.trainer.main_ppo"]
+        cfg = check_verl(s["command"][3:])   # composes and validates again, as main_ppo would
+        assert cfg.reward.custom_reward_function.path.endswith(os.path.join("rstar", "agent", "verl_adapter.py"))
+        assert os.path.exists(cfg.reward.custom_reward_function.path)
+        assert cfg.trainer.experiment_name == s["name"] and s["resources"]["gpus"] == 8
+    # each stage starts from the model of the stage before it
+    layout = Layout(load_recipe("configs/qwen3-14b.yaml", check_inputs=False).storage_root)
+    models = [check_verl(s["command"][3:]).actor_rollout_ref.model.path for s in verl]
+    assert models == [dirs.local_dir(layout.model(stage)) for stage in ("sft", "rl1", "rl2")]
+
+
+def test_a_config_verl_cannot_parse_fails_the_plan_naming_the_stage():
+    result = CliRunner().invoke(app, ["pipeline", "plan", "--config", "configs/qwen3-14b.yaml",
+                                      "--set", "sandbox_url=http://a,b:8080"])  # a sweep to Hydra
+    assert result.exit_code == 1
+    assert "stage rl1: verl refuses its config" in result.output
+
+
+def test_a_recipe_error_is_one_line_not_a_traceback():
+    result = CliRunner().invoke(app, ["pipeline", "plan", "--config", "configs/qwen3-14b.yaml",
+                                      "--set", "rl.0.mini_batches=7"])
+    assert result.exit_code == 1
+    assert "mini_batches (7) must divide prompts_per_step (512)" in result.output and "Traceback" not in result.output
+
+
+def test_the_tiny_plan_runs_every_stage_locally():
+    recipe = load_recipe("configs/tiny.yaml")
+    result = CliRunner().invoke(app, ["pipeline", "plan", "--config", "configs/tiny.yaml"])
+    assert result.exit_code == 0
+    lines = [line for line in result.stdout.splitlines() if not line.startswith(" ")]
+    assert [line.split()[0] for line in lines] == stage_names(recipe)
+    assert all(line.split()[1] == "local" for line in lines)

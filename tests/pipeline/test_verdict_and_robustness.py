@@ -1,0 +1,64 @@
+"""The final verdict (did the recipe learn?) and the robustness benchmark's plan and table."""
+import pytest
+
+from rstar.pipeline.config import load_recipe
+from rstar.pipeline.robustness import Variant, meets, native_capability, seed_overrides, table, variants
+from rstar.pipeline.verdict import Expect, verdict
+
+
+def _summaries(**acc):
+    return {name: {"problems": {"questions": 10, "avg_pass@1": a}} for name, a in acc.items()}
+
+
+def test_a_recipe_that_learnt_is_said_to_have_learnt():
+    learnt, lines = verdict(_summaries(sft=0.2, rl1=0.7, rl2=0.8, rl3=0.81), Expect(0.10, 0.40))
+    assert learnt is True
+    assert lines[0].startswith("ok: rl1 held-out 0.200 -> 0.700 (+0.500)")
+    assert lines[-1].startswith("ok: the recipe, sft 0.200 -> rl3 0.810 (+0.610)")
+    assert not any("copy probes" in line for line in lines)
+
+
+@pytest.mark.parametrize("acc, failing", [
+    ({"sft": 0.07, "rl1": 0.10, "rl2": 0.50, "rl3": 0.60}, "rl1 held-out 0.070 -> 0.100"),   # stage 1 flat
+    ({"sft": 0.07, "rl1": 0.30, "rl2": 0.30, "rl3": 0.35}, "the recipe, sft 0.070 -> rl3 0.350"),  # too little overall
+])
+def test_a_recipe_that_did_not_learn_is_told_plainly_with_the_copy_probes(acc, failing):
+    copying = {"base": {"copy_repeat": 0.95}, "sft": {"copy_into_call": 0.95, "copy_read_back": 0.15}}
+    learnt, lines = verdict(_summaries(**acc), Expect(0.10, 0.40), copying)
+    assert learnt is False
+    assert any(line.startswith("DID NOT LEARN") and failing in line for line in lines)
+    probes = next(line for line in lines if line.startswith("copy probes"))
+    assert "base repeat 0.95" in probes and "sft into_call 0.95, read_back 0.15" in probes
+    assert lines[-1].startswith("where to look")
+
+
+def test_robustness_runs_vary_seeds_kernels_and_threads():
+    recipe = load_recipe("configs/tiny.yaml")
+    plan = variants(recipe, seeds=3, rebuild_base=False)
+    native = native_capability()
+    assert [v.seed for v in plan[:3]] == [0, 1, 2] and all(not v.env for v in plan[:3])
+    kernels = {v.env["ATEN_CPU_CAPABILITY"] for v in plan if v.env}
+    assert "default" in kernels and native not in kernels
+    one_thread = [v for v in plan if v.overrides.get("resources.cpus") == 1]
+    assert len(one_thread) == 1 and one_thread[0].seed == 0
+    # every seeded part moves with the seed, the shipped base stays unless it is rebuilt
+    over = seed_overrides(recipe, 2, rebuild_base=False)
+    assert over["sft.seed"] == recipe.sft.seed + 2 and over["sft.train.seed"] == recipe.sft.train.seed + 2
+    assert [over[f"rl.{i}.seed"] for i in range(len(recipe.rl))] == [s.seed + 2 for s in recipe.rl]
+    assert "base.shipped" not in over
+    rebuilt = seed_overrides(recipe, 1, rebuild_base=True)
+    assert rebuilt["base.shipped"] is None and rebuilt["base.seed"] == recipe.base.seed + 1
+    # and every variant's overrides make a valid recipe
+    for v in plan:
+        load_recipe("configs/tiny.yaml", v.overrides)
+
+
+def test_robustness_targets_hold_per_run_not_on_the_mean():
+    good = {"accuracy": {"sft": 0.2, "rl1": 0.7, "rl2": 0.8, "rl3": 0.8}, "recipe_seconds": 400,
+            "metrics": {"base": {"copy_repeat": 1.0}, "sft": {"copy_into_call": 0.95, "copy_read_back": 0.95}}}
+    bad = {**good, "accuracy": {"sft": 0.07, "rl1": 0.1, "rl2": 0.1, "rl3": 0.13}}
+    assert all(meets(good).values())
+    assert meets(bad) == {"sft": True, "final": False, "gain": False}
+    rows = table([(Variant("seed 0"), good), (Variant("seed 1"), bad)])
+    assert rows[2].endswith("| met |") and "| 0.800 |" in rows[2]
+    assert rows[3].endswith("| NOT met: final, gain |") and "0.95 / 0.95" in rows[3]
