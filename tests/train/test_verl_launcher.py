@@ -1,6 +1,5 @@
 """The cluster path on CPU: stage config -> verl's Hydra config (composed with verl's own
 schema), dataset rows, RoC on verl's DataProto. The GPU run itself is marked `gpu`."""
-import os
 
 import numpy as np
 import pytest
@@ -12,19 +11,11 @@ from rstar.algo.roc import RoCConfig  # noqa: E402
 from rstar.data import synth  # noqa: E402
 from rstar.data.io import write_table  # noqa: E402
 from rstar.train.rl import StageConfig  # noqa: E402
+from rstar.pipeline.plan import compose_verl  # noqa: E402
 from rstar.train.verl_launcher import build_verl_run, roc_filter, to_verl_rows, verl_overrides  # noqa: E402
 
 STAGE = StageConfig(name="rl1", steps=300, prompts_per_step=512, roc=RoCConfig(group_size=16),
                     max_response_tokens=8192, max_turns=10, lr=1e-6, warmup_steps=20, mini_batches=4)
-
-
-def _compose(overrides):
-    import verl
-    from hydra import compose, initialize_config_dir
-
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name="ppo_trainer", overrides=overrides)  # unknown keys would raise here
 
 
 def test_overrides_compose_and_pass_verls_own_validation(tmp_path):
@@ -32,7 +23,7 @@ def test_overrides_compose_and_pass_verls_own_validation(tmp_path):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    cfg = _compose(verl_overrides(STAGE, model="/models/qwen3-14b-base", train_files="/data/train.parquet",
+    cfg = compose_verl(verl_overrides(STAGE, model="/models/qwen3-14b-base", train_files="/data/train.parquet",
                                   agent_loop_config="/run/agent_loops.yaml", sandbox_url="http://sandbox:8080",
                                   out_dir="/run/rl1", n_gpus=8, nodes=8, val_files="/data/eval.parquet",
                                   experiment="rstar-qwen3-14b"))
