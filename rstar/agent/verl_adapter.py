@@ -4,10 +4,13 @@
   `rstar.agent.loop.AgentLoop` against verl's server manager (vLLM replicas on GPUs).
 - `ServerManagerEngine`: the token-in/token-out `Engine` over verl's server manager.
 - `SandboxTool`: a verl `BaseTool` backed by the sandbox service, for verl's own tool loop.
-- `compute_score`: the answer-only reward in verl's custom reward-function signature.
+- `compute_score`: the answer-only reward in verl's custom reward-function signature (the
+  agent loop scores its own rollouts with the same function, so a rollout arrives at the
+  trainer with its reward, `rm_scores`, and its RoC penalty counts in `rstar_*` fields).
 
 The loop reads its settings from the `rstar` section of verl's config (written by
-`rstar.train.verl_launcher`): sandbox_url, max_turns, max_tool_response_tokens, tool_timeout_s.
+`rstar.train.verl_launcher`): sandbox_url, max_turns, prompt_style, max_tool_response_tokens,
+tool_timeout_s.
 """
 from __future__ import annotations
 
@@ -21,16 +24,21 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from rstar.agent.format import TOOL_SCHEMA
 from rstar.agent.loop import AgentLoop, Generation, LoopConfig
 from rstar.reward.score import score
+from rstar.rollout.scheduler import rollout_of
 from rstar.sandbox.client import SandboxClient
 
 
 class ServerManagerEngine:
+    """Every turn of a rollout goes to verl under the rollout's id (the agent loop's request id
+    without its `/turn`), so verl's router sends it back to the replica that caches its prefix;
+    vLLM is asked for the sampled tokens' log-probs (verl's `rollout_log_probs`)."""
+
     def __init__(self, server_manager) -> None:
         self.server_manager = server_manager
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation:
-        out = await self.server_manager.generate(request_id=request_id, prompt_ids=prompt_ids,
-                                                 sampling_params=sampling_params)
+        out = await self.server_manager.generate(request_id=rollout_of(request_id), prompt_ids=prompt_ids,
+                                                 sampling_params={**sampling_params, "logprobs": True})
         ids = list(out.token_ids)
         if out.stop_reason == "aborted":
             stop = "aborted"
@@ -64,15 +72,21 @@ class RStarAgentLoop(AgentLoopBase):
         cfg = LoopConfig(max_turns=rcfg.get("max_turns", 10), max_response_tokens=response_length,
                          max_tool_response_tokens=rcfg.get("max_tool_response_tokens", 1024),
                          temperature=sampling_params.get("temperature", 1.0), top_p=sampling_params.get("top_p", 1.0),
-                         tool_timeout_s=rcfg.get("tool_timeout_s", 10.0))
+                         tool_timeout_s=rcfg.get("tool_timeout_s", 10.0), prompt_style=rcfg.get("prompt_style", "paper"))
         sandbox = await sandbox_client(rcfg["sandbox_url"])
         loop = AgentLoop(ServerManagerEngine(self.server_manager), self.tokenizer, sandbox, cfg)
         extra = kwargs.get("extra_info") or {}
+        prompt = loop.prompt_ids(extra["problem"])
+        if len(prompt) > self.rollout_config.prompt_length:  # verl pads prompts to this width and never cuts them
+            raise ValueError(f"problem {extra.get('problem_id')}: its prompt has {len(prompt)} tokens, more than "
+                             f"rollout.prompt_length={self.rollout_config.prompt_length}")
         traj = await loop.run(extra["problem"], uuid4().hex)
         return AgentLoopOutput(
             prompt_ids=traj.prompt_ids, response_ids=traj.response_ids[:response_length],
             response_mask=traj.response_mask[:response_length], response_logprobs=traj.log_probs[:response_length],
             num_turns=2 * traj.turns + 1,
+            # answer-only, scored here (verl then skips its reward workers): truncated -> 0
+            reward_score=score(traj.response_text, str(kwargs["reward_model"]["ground_truth"]), truncated=traj.truncated),
             metrics=AgentLoopMetrics(generate_sequences=traj.generate_s, tool_calls=traj.tool_s),
             extra_fields={"rstar_finish_reason": traj.finish_reason, "rstar_turns": traj.turns,
                           "rstar_num_answers": traj.num_answers, "rstar_num_tool_calls": len(traj.tool_calls),

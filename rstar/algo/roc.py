@@ -112,3 +112,33 @@ def select(group: list[Sample], cfg: RoCConfig, rng: random.Random) -> list[int]
         kept_pos = _weighted_without_replacement(pos, weights, k_pos, rng)
     kept_neg = rng.sample(neg, k_neg)
     return sorted(kept_pos + kept_neg)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What RoC reads of one rollout: its prompt group, reward and the penalty counts."""
+    group: str
+    reward: float
+    num_tool_calls: int
+    num_tool_errors: int
+    num_answers: int
+    turns: int
+
+    def sample(self) -> Sample:
+        return Sample(self.reward, p_err(self.num_tool_calls, self.num_tool_errors),
+                      p_format(self.num_answers, self.turns))
+
+
+def keep_indices(rollouts: list[Rollout], cfg: RoCConfig, rng: random.Random) -> list[int]:
+    """Indices of the rollouts RoC keeps from a batch of several prompts' groups: each group's
+    `select`, groups taken in sorted order (so a seeded `rng` draws the same whatever order the
+    groups arrive in), rows of a group in their batch order. The local trainer and verl's both
+    call this."""
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(rollouts):
+        groups.setdefault(r.group, []).append(i)
+    kept: list[int] = []
+    for gid in sorted(groups):
+        rows = groups[gid]
+        kept += [rows[j] for j in select([rollouts[i].sample() for i in rows], cfg, rng)]
+    return kept

@@ -130,7 +130,7 @@ class Recipe(_Strict):
     storage_root: str
     prompt_style: Literal[tuple(STYLES)] = "paper"  # type: ignore[valid-type]
     engine: Literal["local", "verl"] = "local"   # RL stages: this machine's trainer, or verl on the Ray cluster
-    sandbox_url: str | None = None               # the verl engine's sandbox service (rstar sandbox serve)
+    sandbox_url: str | None = None               # the verl engine's sandbox service (rstar sandbox serve); on CPU, started per stage
     base: BaseModelSpec = BaseModelSpec()
     train_problems: ProblemSet
     eval_problems: ProblemSet
@@ -145,8 +145,9 @@ class Recipe(_Strict):
 
     @model_validator(mode="after")
     def _stages(self):
-        if self.engine == "verl" and not (self.sandbox_url and self.resources.gpus >= 1):
-            raise ValueError("engine 'verl' needs sandbox_url and resources.gpus >= 1")
+        if self.engine == "verl" and self.resources.gpus and not self.sandbox_url:
+            raise ValueError("engine 'verl' on GPUs needs sandbox_url, the cluster's sandbox service "
+                             "(with resources.gpus: 0 verl runs on this CPU and starts its own)")
         names = [s.name for s in self.rl]
         if len(set(names)) != len(names):
             raise ValueError(f"RL stage names repeat: {names}")

@@ -71,8 +71,9 @@ def plan(recipe: Recipe) -> list[dict]:
             cmd = verl_command(replace(rl, prompt_style=recipe.prompt_style), model=dirs.local_dir(layout.model(before)),
                                train_files=f"{work}/verl_train.parquet", val_files=f"{work}/verl_val.parquet",
                                agent_loop_config=f"{work}/agent_loops.yaml", sandbox_url=recipe.sandbox_url,
-                               out_dir=work, n_gpus=int(recipe.resources.gpus), nodes=recipe.resources.nodes,
-                               experiment=recipe.tracking.experiment)
+                               out_dir=work, n_gpus=int(recipe.resources.gpus) or 1, nodes=recipe.resources.nodes,
+                               experiment=recipe.tracking.experiment, router_config=f"{work}/router.yaml",
+                               device="gpu" if recipe.resources.gpus else "cpu")
             try:
                 check_verl(cmd[3:])
             except Exception as e:  # noqa: BLE001 - Hydra, OmegaConf and verl's asserts: say which stage

@@ -17,6 +17,9 @@ from rstar.pipeline.config import Recipe
 from rstar.storage import atomic_write_text, dirs, filesystem, is_remote
 from rstar.tracking.digest import digest
 
+# In a verl stage's published model: where its last actor checkpoint (optimizer state) lies.
+VERL_CHECKPOINT = "verl_actor_checkpoint.txt"
+
 
 class Layout:
     """Where each stage's files live under the storage root."""
@@ -258,28 +261,53 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
 
 def _rl_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str) -> dict:
     """The cluster path: verl's trainer on the Ray cluster (FSDP actor, vLLM rollouts, this
-    project's agent loop, tool and reward), then its last FSDP checkpoint merged into a
-    Hugging Face directory. verl resumes from its own checkpoints after a retry."""
+    project's agent loop, tool, reward and RoC), then its last FSDP checkpoint merged into a
+    Hugging Face directory by verl's model merger. verl resumes from its own checkpoints after a
+    retry. With `resources.gpus: 0` the same trainer runs on this machine's CPU (one training
+    process, the HF engine as rollout; rstar.train.verl_cpu)."""
+    import contextlib
+
+    from rstar.sandbox.process import SandboxProcess
+
+    device = "gpu" if recipe.resources.gpus else "cpu"
+    with contextlib.ExitStack() as stack:
+        # on the CPU without a sandbox service named, one of its own for this stage (loopback only)
+        sandbox_url = recipe.sandbox_url or stack.enter_context(SandboxProcess()).url
+        return _run_verl(recipe, layout, inputs, log, cfg, work, device, sandbox_url)
+
+
+def _run_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str, device: str, sandbox_url: str) -> dict:
     import subprocess
     import sys
 
-    from rstar.train.verl_launcher import build_verl_run
+    from rstar.train.verl_launcher import build_verl_run, verl_env
 
     held_out = layout.dataset("eval_problems")
     fs, path = filesystem(held_out)
-    cmd = build_verl_run(replace(cfg, prompt_style=recipe.prompt_style), model=dirs.pull(inputs["model"]),
-                         problems=inputs["problems"], sandbox_url=recipe.sandbox_url, out_dir=work,
-                         n_gpus=int(recipe.resources.gpus), nodes=recipe.resources.nodes,
-                         val_problems=held_out if fs.exists(path) else None, experiment=recipe.tracking.experiment)
+    model = dirs.pull(inputs["model"])
+    # the previous verl stage's optimizer state, which this one carries over unless it resets
+    pointer = os.path.join(model, VERL_CHECKPOINT)
+    optimizer_from = open(pointer).read().strip() if os.path.exists(pointer) else None
+    cmd = build_verl_run(replace(cfg, prompt_style=recipe.prompt_style), model=model,
+                         problems=inputs["problems"], sandbox_url=sandbox_url, out_dir=work,
+                         n_gpus=int(recipe.resources.gpus) or 1, nodes=recipe.resources.nodes,
+                         val_problems=held_out if fs.exists(path) else None, experiment=recipe.tracking.experiment,
+                         optimizer_from=optimizer_from, device=device)
     log.tag("rstar.verl_command", " ".join(cmd)[:5000])
     # verl's MLflow logger writes into this stage's run, beside the pipeline's own metrics
     run_id = getattr(log, "run_id", None)
     mlflow_env = {"MLFLOW_TRACKING_URI": log.tracking_uri, "MLFLOW_RUN_ID": run_id} if run_id else {}
-    subprocess.run(cmd, check=True, env={**os.environ, **mlflow_env})
+    print(f"[{cfg.name}] verl's trainer ({device}): {' '.join(cmd[:3])} ...", flush=True)
+    env = {**os.environ, **verl_env(device), **mlflow_env}
+    if device == "cpu":
+        env.pop("RAY_ADDRESS", None)  # verl on the CPU starts a Ray of its own, with its training slots
+    subprocess.run(cmd, check=True, env=env, cwd=work)  # Hydra's outputs/ land in the work directory
+    actor = os.path.join(work, f"global_step_{cfg.steps}", "actor")
     merged = os.path.join(work, "hf")
     subprocess.run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-                    "--local_dir", os.path.join(work, f"global_step_{cfg.steps}", "actor"), "--target_dir", merged],
-                   check=True)
+                    "--local_dir", actor, "--target_dir", merged], check=True, env=env)
+    with open(os.path.join(merged, VERL_CHECKPOINT), "w") as f:
+        f.write(actor)
     final = _publish(layout.model(cfg.name), lambda tmp: shutil.copytree(merged, tmp))
     return _model_output(final, cfg.name, {})
 

@@ -15,7 +15,7 @@ import torch
 
 from rstar.agent.loop import AgentLoop, LoopConfig
 from rstar.algo.loss import grpo_advantages, policy_loss
-from rstar.algo.roc import RoCConfig, Sample, p_err, p_format, select
+from rstar.algo.roc import RoCConfig, Rollout, keep_indices
 from rstar.data.io import write_table
 from rstar.reward.score import BatchScorer
 from rstar.rollout.hf_engine import HFEngine
@@ -166,16 +166,8 @@ class RLTrainer:
         t_rollout = time.monotonic() - t0
         records = await score(loop, sampled, scorer, stage=cfg.name, policy_step=self.step)
         t_reward = time.monotonic() - t0 - t_rollout
-        groups: dict[str, list[dict]] = {}
-        for r in records:
-            groups.setdefault(r["group_id"], []).append(r)
         rng = random.Random(f"{cfg.seed}/{cfg.name}/{self.step}/roc")
-        kept = []
-        for gid in sorted(groups):
-            g = groups[gid]
-            samples = [Sample(r["reward"], p_err(r["num_tool_calls"], r["num_tool_errors"]),
-                              p_format(r["num_answers"], r["turns"])) for r in g]
-            kept += [g[i] for i in select(samples, cfg.roc, rng)]
+        kept = [records[i] for i in keep_indices([rollout_of(r) for r in records], cfg.roc, rng)]
         t1 = time.monotonic()
         update = self.update(kept) if kept else {"clip_fraction": 0.0, "loss": 0.0, "grad_norm": 0.0}
         t_update = time.monotonic() - t1
@@ -219,6 +211,12 @@ class RLTrainer:
         self.model.eval()
         return {"loss": sum(losses) / len(losses), "clip_fraction": clip, "grad_norm": sum(grad_norms) / len(grad_norms),
                 "optimizer_steps": len(grad_norms)}
+
+
+def rollout_of(record: dict) -> Rollout:
+    """A trajectory record (rstar.rollout.runner) as RoC reads it."""
+    return Rollout(record["group_id"], record["reward"], record["num_tool_calls"], record["num_tool_errors"],
+                   record["num_answers"], record["turns"])
 
 
 def _mini_batches(group_ids: list[str], n: int) -> list[list[int]]:

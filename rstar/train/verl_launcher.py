@@ -5,23 +5,18 @@ What it plugs into verl:
   dataset row's `agent_name` and registered through an agent-loop config file;
 - the answer-only reward as verl's custom reward function (`compute_score`);
 - GRPO advantages with clip-higher, token-mean loss, no KL, no entropy bonus, via config;
-- RoC down-sampling: `roc_filter` on verl's DataProto, to run between reward and advantage.
-  Not wired into verl's trainer yet: a launched run samples 2G rollouts and does plain GRPO
-  over all of them until a trainer subclass calls `roc_filter` (tracked in the issue).
+- RoC down-sampling inside verl's step: the command runs `rstar.train.verl_trainer` (verl's
+  main_ppo with a trainer that keeps G of the 2G rollouts per prompt before advantages).
 
 `build_verl_run` writes the dataset and agent-loop files and returns the `python -m
-verl.trainer.main_ppo ...` command with its Hydra overrides; it needs GPUs to run.
+rstar.train.verl_trainer ...` command with its Hydra overrides.
 """
 from __future__ import annotations
 
 import os
-import random
 import sys
 
-import numpy as np
-
 from rstar.agent.format import problem_messages
-from rstar.algo.roc import Sample, p_err, p_format, select
 from rstar.data.io import read_table
 from rstar.train.rl import StageConfig
 
@@ -35,38 +30,27 @@ def to_verl_rows(problems: list[dict], prompt_style: str = "paper") -> list[dict
             for i, p in enumerate(problems)]
 
 
-def roc_filter(data, cfg: StageConfig, seed: int):
-    """Keep the RoC selection of each prompt's rollouts in a verl DataProto batch (rows grouped
-    by `uid`; rewards in `token_level_scores`; penalty inputs in the agent loop's extra fields)."""
-    rewards = data.batch["token_level_scores"].sum(-1).tolist()
-    nt = data.non_tensor_batch
-    groups: dict[str, list[int]] = {}
-    for i, uid in enumerate(nt["uid"]):
-        groups.setdefault(str(uid), []).append(i)
-    rng = random.Random(seed)
-    keep: list[int] = []
-    for uid in sorted(groups):
-        rows = groups[uid]
-        samples = [Sample(rewards[i], p_err(int(nt["rstar_num_tool_calls"][i]), int(nt["rstar_num_tool_errors"][i])),
-                          p_format(int(nt["rstar_num_answers"][i]), int(nt["rstar_turns"][i]))) for i in rows]
-        keep += [rows[j] for j in select(samples, cfg.roc, rng)]
-    return data.select_idxs(np.array(sorted(keep), dtype=np.int64))
-
-
 def verl_overrides(cfg: StageConfig, *, model: str, train_files: str, agent_loop_config: str, sandbox_url: str,
                    out_dir: str, n_gpus: int, nodes: int = 1, max_prompt_length: int = 2048,
-                   val_files: str | None = None, experiment: str = "rstar") -> list[str]:
+                   val_files: str | None = None, experiment: str = "rstar", router_config: str | None = None,
+                   optimizer_from: str | None = None, device: str = "gpu") -> list[str]:
     """Hydra overrides for verl's main_ppo that reproduce `cfg` (paper defaults otherwise).
 
     Micro-batches are sized by tokens (dynamic batch size: a GPU's batch holds up to two full
     sequences' worth), so no per-GPU micro-batch count needs guessing for 8K-12K responses.
     Validation runs on `val_files` (the held-out set) after the last step only; without it,
     never. Metrics go to the console and to MLflow (the run named by MLFLOW_RUN_ID, the
-    stage's own, when the launcher sets it)."""
+    stage's own, when the launcher sets it). `router_config`: the KV-balanced load balancer's
+    YAML (rstar.rollout.verl_router); `optimizer_from`: the previous stage's actor checkpoint,
+    whose optimizer state this stage takes over (`reset_optimizer: false`). `device="cpu"`: verl
+    on this machine's CPU (`cpu_overrides`)."""
+    if cfg.roc.mode == "released":
+        raise ValueError(f"{cfg.name}: roc.mode 'released' drops whole groups, which verl's equal data-parallel "
+                         "split cannot take; use 'roc' or 'grpo' with engine verl")
     reward_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "agent", "verl_adapter.py")
     tokens_per_gpu = 2 * (max_prompt_length + cfg.max_response_tokens)
     return [
-        "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
+        "trainer.use_v1=false", "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
         f"data.train_files={train_files}", f"data.val_files={val_files or train_files}",
         f"data.train_batch_size={cfg.prompts_per_step}", f"data.max_prompt_length={max_prompt_length}",
         f"data.max_response_length={cfg.max_response_tokens}", "data.return_raw_chat=true",
@@ -83,7 +67,7 @@ def verl_overrides(cfg: StageConfig, *, model: str, train_files: str, agent_loop
         f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={tokens_per_gpu}",
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async",
         f"actor_rollout_ref.rollout.n={cfg.roc.group_size * cfg.roc.oversample}",
-        f"actor_rollout_ref.rollout.temperature={cfg.temperature}",
+        f"actor_rollout_ref.rollout.temperature={cfg.temperature}", "actor_rollout_ref.rollout.calculate_log_probs=true",
         f"actor_rollout_ref.rollout.response_length={cfg.max_response_tokens}",
         f"actor_rollout_ref.rollout.prompt_length={max_prompt_length}",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config}",
@@ -91,40 +75,94 @@ def verl_overrides(cfg: StageConfig, *, model: str, train_files: str, agent_loop
         f"reward.custom_reward_function.path={os.path.abspath(reward_file)}",
         "reward.custom_reward_function.name=compute_score",
         f"+rstar.sandbox_url={sandbox_url}", f"+rstar.max_turns={cfg.max_turns}",
-        f"+rstar.roc_mode={cfg.roc.mode}", f"+rstar.group_size={cfg.roc.group_size}",
+        f"+rstar.roc_mode={cfg.roc.mode}", f"+rstar.group_size={cfg.roc.group_size}", f"+rstar.seed={cfg.seed}",
+        f"+rstar.prompt_style={cfg.prompt_style}",
         f"trainer.total_training_steps={cfg.steps}", f"trainer.default_local_dir={out_dir}",
         f"trainer.n_gpus_per_node={n_gpus}", f"trainer.nnodes={nodes}", f"trainer.save_freq={cfg.checkpoint_every}",
         f"trainer.max_actor_ckpt_to_keep={cfg.checkpoints_kept}", "trainer.resume_mode=auto",
         "trainer.val_before_train=false", f"trainer.test_freq={cfg.steps if val_files else -1}",
         f"trainer.project_name={experiment}", f"trainer.experiment_name={cfg.name}", "trainer.logger=[console,mlflow]",
+        *([f"actor_rollout_ref.rollout.router_config_path={router_config}"] if router_config else []),
+        *([f"+rstar.optimizer_from={optimizer_from}"] if optimizer_from and not cfg.reset_optimizer else []),
+        *(cpu_overrides(n_gpus * nodes) if device == "cpu" else []),
     ]
 
 
+def cpu_overrides(processes: int) -> list[str]:
+    """verl's trainer on the CPU (rstar.train.verl_cpu): FSDP2 in float32 with PyTorch's own
+    attention, the HF engine as rollout replica, no torch.compile, one agent-loop worker and
+    `processes` training processes (Ray slots, see verl_cpu)."""
+    actor = "actor_rollout_ref.actor"
+    return [
+        "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"{actor}.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2", f"{actor}.fsdp_config.dtype=float32",
+        f"{actor}.use_torch_compile=false", f"{actor}.fsdp_config.use_torch_compile=false",
+        "actor_rollout_ref.model.use_remove_padding=false", "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.rollout.agent.num_workers=1", "data.dataloader_num_workers=0",
+        # Ray's CPU count is logical here: verl's task runner, each training process's bundle
+        # (3 CPUs by verl's default colocation count) and the replica servers must all fit
+        f"+ray_kwargs.ray_init.num_gpus={processes}", f"ray_kwargs.ray_init.num_cpus={4 * processes + 4}",
+        "+ray_kwargs.ray_init.object_store_memory=500000000", "+ray_kwargs.ray_init.include_dashboard=false",
+    ]
+
+
+def verl_env(device: str = "gpu") -> dict[str, str]:
+    """Environment for the verl command: on the CPU, the platform plug-in loaded in every verl process."""
+    if device != "cpu":
+        return {}
+    return {"VERL_USE_EXTERNAL_MODULES": "rstar.train.verl_cpu", "VERL_PLATFORM": "cpu",
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
 def verl_command(cfg: StageConfig, **kwargs) -> list[str]:
-    """`python -m verl.trainer.main_ppo` with the overrides for `cfg` (kwargs: verl_overrides')."""
-    return [sys.executable, "-m", "verl.trainer.main_ppo", *verl_overrides(cfg, **kwargs)]
+    """`python -m rstar.train.verl_trainer` (verl's main_ppo with RoC) with the overrides for
+    `cfg` (kwargs: verl_overrides')."""
+    return [sys.executable, "-m", "rstar.train.verl_trainer", *verl_overrides(cfg, **kwargs)]
 
 
 def build_verl_run(cfg: StageConfig, *, model: str, problems: str, sandbox_url: str, out_dir: str,
-                   n_gpus: int, nodes: int = 1, val_problems: str | None = None, experiment: str = "rstar") -> list[str]:
-    """Write verl's dataset files (training, and validation from `val_problems`) and agent-loop
-    file under `out_dir`; return the command to run."""
+                   n_gpus: int, nodes: int = 1, val_problems: str | None = None, experiment: str = "rstar",
+                   kv_cache_tokens: int | None = None, optimizer_from: str | None = None,
+                   device: str = "gpu") -> list[str]:
+    """Write verl's dataset files (training, and validation from `val_problems`), agent-loop file
+    and load-balancer file (`kv_cache_tokens` per replica, if known) under `out_dir`; return the
+    command to run. With the model on local disk, prompts are padded to the longest the agent
+    loop will build for these problems (else to 2,048 tokens)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     os.makedirs(out_dir, exist_ok=True)
 
+    problem_texts: list[str] = []
+
     def dataset(source: str, name: str) -> str:
         path = os.path.join(out_dir, name)
         rows = read_table(source, ("problems", "hard_problems")).to_pylist()
+        problem_texts.extend(p["problem"] for p in rows)
         pq.write_table(pa.Table.from_pylist(to_verl_rows(rows, cfg.prompt_style)), path)
         return path
 
     train_files = dataset(problems, "verl_train.parquet")
     val_files = dataset(val_problems, "verl_val.parquet") if val_problems else None
+    longest = longest_prompt(model, problem_texts, cfg.prompt_style) if os.path.isdir(model) else None
     agent_cfg = os.path.join(out_dir, "agent_loops.yaml")
     with open(agent_cfg, "w") as f:
         f.write("- name: rstar_agent\n  _target_: rstar.agent.verl_adapter.RStarAgentLoop\n")
+    router = os.path.join(out_dir, "router.yaml")
+    with open(router, "w") as f:
+        f.write("router_class: rstar.rollout.verl_router.KVBalancedRouter\n"
+                f"kv_cache_tokens: {kv_cache_tokens or 'null'}\n")
     return verl_command(cfg, model=model, train_files=train_files, agent_loop_config=agent_cfg,
                         sandbox_url=sandbox_url, out_dir=out_dir, n_gpus=n_gpus, nodes=nodes, val_files=val_files,
-                        experiment=experiment)
+                        experiment=experiment, router_config=router, optimizer_from=optimizer_from, device=device,
+                        max_prompt_length=-(-longest // 64) * 64 if longest else 2048)
+
+
+def longest_prompt(model_dir: str, problems: list[str], prompt_style: str) -> int:
+    """Tokens in the longest prompt the agent loop builds for `problems` (system, tools, user)."""
+    from transformers import AutoTokenizer
+
+    from rstar.agent.loop import AgentLoop, LoopConfig
+
+    loop = AgentLoop(None, AutoTokenizer.from_pretrained(model_dir), None, LoopConfig(prompt_style=prompt_style))
+    return max(len(loop.prompt_ids(p)) for p in problems)

@@ -128,3 +128,20 @@ def test_clip_higher_token_mean_loss():
     half, _ = policy_loss(old[:1], ratios[:1].log(), adv[:1], mask[:1], batch_num_tokens=6)
     other, _ = policy_loss(old[1:], ratios[1:].log(), adv[1:], mask[1:], batch_num_tokens=6)
     assert (half + other).item() == pytest.approx(loss.item(), abs=1e-6)  # micro-batches add up
+
+
+def test_keep_indices_applies_select_per_prompt_group_in_sorted_group_order():
+    from rstar.algo.roc import Rollout, keep_indices
+
+    # two prompts' rollouts interleaved, as a batch may hold them; group "b" sorts after "a"
+    rollouts = [Rollout("b" if i % 2 else "a", float(i % 4 < 2), 2, i % 3 == 0, 1, 2) for i in range(16)]
+    kept = keep_indices(rollouts, RoCConfig(group_size=4), random.Random(7))
+    assert len(kept) == 8 and kept[:4] == sorted(kept[:4]) and kept[4:] == sorted(kept[4:])
+    assert {rollouts[i].group for i in kept[:4]} == {"a"} and {rollouts[i].group for i in kept[4:]} == {"b"}
+    # the same draws as select() on each group in turn, with one generator
+    rng = random.Random(7)
+    expected = []
+    for gid in ("a", "b"):
+        rows = [i for i, r in enumerate(rollouts) if r.group == gid]
+        expected += [rows[j] for j in select([rollouts[i].sample() for i in rows], RoCConfig(group_size=4), rng)]
+    assert kept == expected

@@ -70,7 +70,7 @@ def test_the_paper_recipe_validates_and_its_inputs_are_checked(s3):
     assert recipe.rl[2].reset_optimizer and recipe.mine.k == 8
     with pytest.raises(ConfigError, match=r"sft\.files\.0: s3://rstar/raw/sft_function_calling\.jsonl does not exist"):
         load_recipe("configs/qwen3-14b.yaml", {"train_problems": {"synthetic": {"n": 5}}})
-    with pytest.raises(ConfigError, match="engine 'verl' needs sandbox_url"):
+    with pytest.raises(ConfigError, match="engine 'verl' on GPUs needs sandbox_url"):
         load_recipe("configs/qwen3-14b.yaml", {"sandbox_url": None}, check_inputs=False)
 
 

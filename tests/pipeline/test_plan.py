@@ -23,7 +23,7 @@ def test_the_14b_plan_lists_every_stage_and_verl_accepts_every_rl_command():
     verl = [s for s in stages if s["engine"] == "verl"]
     assert [s["name"] for s in verl] == ["rl1", "rl2", "rl3"]
     for s in verl:
-        assert s["command"][1:3] == ["-m", "verl.trainer.main_ppo"]
+        assert s["command"][1:3] == ["-m", "rstar.train.verl_trainer"]
         cfg = check_verl(s["command"][3:])   # composes and validates again, as main_ppo would
         assert cfg.reward.custom_reward_function.path.endswith(os.path.join("rstar", "agent", "verl_adapter.py"))
         assert os.path.exists(cfg.reward.custom_reward_function.path)
@@ -55,3 +55,15 @@ def test_the_tiny_plan_runs_every_stage_locally():
     lines = [line for line in result.stdout.splitlines() if not line.startswith(" ")]
     assert [line.split()[0] for line in lines] == stage_names(recipe)
     assert all(line.split()[1] == "local" for line in lines)
+
+
+def test_the_tiny_verl_plan_runs_verls_trainer_on_the_cpu_and_verl_accepts_it():
+    result = CliRunner().invoke(app, ["pipeline", "plan", "--config", "configs/tiny-verl.yaml", "--json"])
+    assert result.exit_code == 0, result.output
+    verl = [s for s in json.loads(result.stdout)["stages"] if s["engine"] == "verl"]
+    assert [s["name"] for s in verl] == ["rl1", "rl2", "rl3"]
+    for s in verl:
+        cfg = check_verl(s["command"][3:])
+        assert cfg.trainer.device == "cpu" and cfg.actor_rollout_ref.rollout.name == "hf"
+        assert cfg.actor_rollout_ref.actor.strategy == "fsdp2" and cfg.trainer.use_v1 is False
+        assert cfg.rstar.group_size == 4 and cfg.actor_rollout_ref.rollout.n == 8  # 2G sampled, G kept by RoC

@@ -1,5 +1,6 @@
 """The cluster path on CPU: stage config -> verl's Hydra config (composed with verl's own
-schema), dataset rows, RoC on verl's DataProto. The GPU run itself is marked `gpu`."""
+schema), dataset rows, RoC inside verl's training step on verl's DataProto and advantages.
+verl's trainer itself runs in test_verl_run.py."""
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from rstar.data import synth  # noqa: E402
 from rstar.data.io import write_table  # noqa: E402
 from rstar.train.rl import StageConfig  # noqa: E402
 from rstar.pipeline.plan import compose_verl  # noqa: E402
-from rstar.train.verl_launcher import build_verl_run, roc_filter, to_verl_rows, verl_overrides  # noqa: E402
+from rstar.train.verl_launcher import build_verl_run, to_verl_rows, verl_overrides  # noqa: E402
 
 STAGE = StageConfig(name="rl1", steps=300, prompts_per_step=512, roc=RoCConfig(group_size=16),
                     max_response_tokens=8192, max_turns=10, lr=1e-6, warmup_steps=20, mini_batches=4)
@@ -58,7 +59,7 @@ def test_build_writes_dataset_and_agent_loop_files(tmp_path):
     write_table(synth.generate(4, seed=1), problems, "problems")
     cmd = build_verl_run(STAGE, model="m", problems=problems, sandbox_url="http://s", out_dir=str(tmp_path / "run"),
                          n_gpus=8)
-    assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
+    assert cmd[1:3] == ["-m", "rstar.train.verl_trainer"]
     import pyarrow.parquet as pq
 
     rows = pq.read_table(tmp_path / "run" / "verl_train.parquet").to_pylist()
@@ -68,41 +69,100 @@ def test_build_writes_dataset_and_agent_loop_files(tmp_path):
     assert to_verl_rows([]) == []
 
 
-def test_roc_filter_on_a_dataproto():
+def agent_loop_batch(n_prompts: int = 2, per_prompt: int = 8, width: int = 6):
+    """A step's batch as verl's agent loop hands it to the trainer: rewards in `rm_scores` (at
+    each response's last token), masks, and the loop's RoC counts in `rstar_*` fields."""
     from verl.protocol import DataProto
 
-    uids = np.array(["a"] * 8 + ["b"] * 8, dtype=object)
-    rewards = torch.tensor([1, 1, 1, 0, 0, 0, 0, 0] + [1] * 8, dtype=torch.float32)
-    scores = torch.zeros(16, 5)
-    scores[:, -1] = rewards
-    n_calls = np.array([2, 2, 2, 1, 1, 1, 1, 1] * 2)
-    n_err = np.array([0, 2, 2, 0, 0, 0, 0, 0] * 2)
-    data = DataProto.from_dict(tensors={"token_level_scores": scores, "responses": torch.arange(80).view(16, 5)},
-                               non_tensors={"uid": uids, "rstar_num_tool_calls": n_calls, "rstar_num_tool_errors": n_err,
-                                            "rstar_num_answers": np.ones(16, dtype=int), "rstar_turns": np.full(16, 3)})
-    cfg = StageConfig(roc=RoCConfig(group_size=4))
-    kept = roc_filter(data, cfg, seed=0)
-    assert len(kept) == 8  # 4 of each prompt's 8
-    kept_uids = list(kept.non_tensor_batch["uid"])
-    assert kept_uids.count("a") == 4 and kept_uids.count("b") == 4
-    a_rewards = kept.batch["token_level_scores"][:4].sum(-1).tolist()
-    assert sorted(a_rewards) == [0.0, 0.0, 1.0, 1.0]  # floor(4 * 3/8 + 0.5) = 2 positives
-    # rows stay whole: each kept row's tensors are the original row's
-    for row in kept.batch["responses"]:
-        assert row[0].item() % 5 == 0 and torch.equal(row, torch.arange(row[0].item(), row[0].item() + 5))
+    n = n_prompts * per_prompt
+    rewards = torch.tensor([1, 1, 1, 0, 0, 0, 0, 0] * n_prompts, dtype=torch.float32)[:n]
+    lengths = torch.tensor([3, 4, 5, 6, 2, 3, 4, 5] * n_prompts)[:n]
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    scores = torch.zeros(n, width)
+    scores[torch.arange(n), lengths - 1] = rewards
+    return DataProto.from_dict(
+        tensors={"rm_scores": scores, "response_mask": mask, "attention_mask": torch.cat([torch.ones(n, 2).long(), mask], 1),
+                 "responses": torch.arange(n * width).view(n, width)},
+        non_tensors={"uid": np.repeat(np.array([f"p{i}" for i in range(n_prompts)], dtype=object), per_prompt),
+                     "rstar_num_tool_calls": np.array([2, 2, 2, 1, 1, 1, 1, 1] * n_prompts)[:n],
+                     "rstar_num_tool_errors": np.array([0, 2, 2, 0, 0, 0, 0, 0] * n_prompts)[:n],
+                     "rstar_num_answers": np.ones(n, dtype=int), "rstar_turns": np.full(n, 3)})
 
 
-@pytest.mark.gpu
-def test_verl_smoke_run_on_gpu(tiny_dir, tmp_path):
-    import subprocess
+def test_roc_in_verls_step_then_verls_own_grpo_advantages():
+    """RoCTrainer's hook on a real DataProto, then verl's compute_advantage: G of 2G kept per
+    prompt, rows whole, advantages centred within each kept group; the worker group (the only
+    thing faked) tells the data-parallel size."""
+    from types import SimpleNamespace
 
-    from rstar.sandbox.process import SandboxProcess
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.ray_trainer import compute_advantage
 
-    problems = str(tmp_path / "p.parquet")
-    write_table(synth.generate(16, seed=1, levels=(1,)), problems, "problems")
-    stage = StageConfig(name="smoke", steps=1, prompts_per_step=4, roc=RoCConfig(group_size=2),
-                        max_response_tokens=128, max_turns=2)
-    with SandboxProcess("--executors", "1") as sandbox:
-        cmd = build_verl_run(stage, model=tiny_dir, problems=problems, sandbox_url=sandbox.url,
-                             out_dir=str(tmp_path / "run"), n_gpus=1)
-        assert subprocess.run(cmd, timeout=1200).returncode == 0
+    from rstar.train.verl_trainer import RoCTrainer
+
+    trainer = object.__new__(RoCTrainer)
+    trainer.config = OmegaConf.create({"rstar": {"roc_mode": "roc", "group_size": 4, "seed": 0},
+                                       "actor_rollout_ref": {"rollout": {"n": 8}, "actor": {"ppo_mini_batch_size": 2}}})
+    trainer.global_steps = 1
+    trainer._get_dp_size = lambda wg, role: 2
+    trainer.actor_rollout_wg = SimpleNamespace()
+    batch, metrics = agent_loop_batch(), {}
+    original = {tuple(r.tolist()) for r in batch.batch["responses"]}
+    trainer._balance_batch(batch, metrics)
+    assert len(batch) == 8 and metrics["roc/sampled"] == 16 and metrics["roc/kept"] == 8
+    uids = list(batch.non_tensor_batch["uid"])
+    assert uids.count("p0") == 4 and uids.count("p1") == 4
+    assert {tuple(r.tolist()) for r in batch.batch["responses"]} <= original  # whole rows, nothing mixed
+    # 3 of 8 positives sampled per prompt -> floor(4 * 3/8 + 0.5) = 2 kept; clean ones preferred (weight 10 vs 0.48)
+    assert metrics["roc/accuracy_sampled"] == 3 / 8
+    assert metrics["roc/tool_error_rate_positive"] == 4 / 6
+    assert metrics["roc/tool_error_rate_positive_kept"] <= metrics["roc/tool_error_rate_positive"]
+    assert "global_seqlen/min" in metrics  # then verl's own balancing ran on what was kept
+    batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
+    out = compute_advantage(batch, adv_estimator="grpo", num_repeat=4, config=OmegaConf.create({}))
+    adv = out.batch["advantages"]
+    for uid in ("p0", "p1"):
+        rows = [i for i, u in enumerate(out.non_tensor_batch["uid"]) if u == uid]
+        first = adv[rows, 0]
+        assert abs(first.sum().item()) < 1e-5 and first.abs().max() > 0.5  # centred, not all zero
+        positive = out.batch["rm_scores"][rows].sum(-1) > 0
+        assert (first[positive] > 0).all() and (first[~positive] < 0).all()
+        assert torch.equal((adv[rows] != 0).long(), out.batch["response_mask"][rows])  # masked past each response
+
+
+def test_ppo_mini_batches_count_the_kept_group_not_the_sampled_one():
+    from omegaconf import OmegaConf
+
+    from rstar.train.verl_trainer import RoCTrainer
+
+    trainer = object.__new__(RoCTrainer)
+    trainer.config = OmegaConf.create({"rstar": {"roc_mode": "roc", "group_size": 16},
+                                       "actor_rollout_ref": {"rollout": {"n": 32}}})
+    seen = []
+    with trainer._kept_group_size():
+        seen.append(trainer.config.actor_rollout_ref.rollout.n)
+    assert seen == [16] and trainer.config.actor_rollout_ref.rollout.n == 32
+
+
+def test_a_fresh_verl_stage_takes_the_previous_stages_optimizer_state_unless_it_resets(tmp_path):
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from rstar.train.verl_trainer import RoCTrainer
+
+    previous = "/run/rl1/global_step_300/actor"
+    carry = verl_overrides(STAGE, model="m", train_files="t", agent_loop_config="a", sandbox_url="s", out_dir="o",
+                           n_gpus=8, optimizer_from=previous)
+    assert f"+rstar.optimizer_from={previous}" in carry
+    reset = StageConfig(name="rl3", reset_optimizer=True)
+    assert not any("optimizer_from" in o for o in verl_overrides(reset, model="m", train_files="t", agent_loop_config="a",
+                                                                  sandbox_url="s", out_dir="o", n_gpus=8,
+                                                                  optimizer_from=previous))
+    trainer = object.__new__(RoCTrainer)
+    trainer.config = OmegaConf.create({"trainer": {"resume_mode": "auto", "default_hdfs_dir": None,
+                                                   "default_local_dir": str(tmp_path)},
+                                       "rstar": {"optimizer_from": previous}})
+    loaded = []
+    trainer.actor_rollout_wg = SimpleNamespace(load_checkpoint=lambda path, del_local_after_load: loaded.append(path))
+    assert trainer._load_checkpoint() == 0 and loaded == [previous]  # no checkpoint of its own: a fresh start

@@ -1,0 +1,152 @@
+"""GRPO-RoC inside verl's own training step: `python -m rstar.train.verl_trainer <overrides>`.
+
+verl 0.9.1 has two trainers. The v1 trainer (`trainer.use_v1=true`, the default) moves a
+step's data through TransferQueue as metadata handles; dropping rows between reward and
+advantage would mean rewriting its step. The legacy `RayPPOTrainer` (`use_v1=false`) holds the
+whole step in one `DataProto` on the driver and calls `_balance_batch(batch)` right after the
+rollouts (with their rewards, `rm_scores`, from the agent loop) are joined to the prompts and
+before old log-probs and advantages: the one place where keeping G of 2G rollouts changes
+nothing else of verl's step. So this module subclasses the legacy trainer:
+
+- `_balance_batch`: RoC (`rstar.algo.roc.keep_indices`, the local trainer's selection) drops
+  the rows in place, logs `roc/*` metrics (sampled, kept, p_err/p_format of kept positives,
+  tool-error rate in correct trajectories sampled and kept), then verl balances what is left;
+- `_update_actor`: PPO mini-batches are `ppo_mini_batch_size` prompts of the *kept* group size;
+- `_load_checkpoint`: a stage that starts fresh but names `rstar.optimizer_from` (the previous
+  stage's last actor checkpoint) takes its optimizer moments over (`reset_optimizer: false`).
+
+Everything else (workers, FSDP, rollout replicas, advantages, loss, checkpoints, loggers) is
+verl's. `main` is verl's `main_ppo` entry with this trainer in place of the legacy one.
+"""
+from __future__ import annotations
+
+import random
+from contextlib import contextmanager
+
+import numpy as np
+import ray
+from omegaconf import OmegaConf, open_dict
+from verl import DataProto
+from verl.trainer.main_ppo_v0 import BaseTaskRunner
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+from rstar.algo.roc import RoCConfig, Rollout, keep_indices
+
+
+def rollouts_of(batch: DataProto) -> list[Rollout]:
+    """The batch's rows as RoC reads them: prompt group `uid`, reward (`rm_scores` summed),
+    and the penalty counts the agent loop put in its extra fields."""
+    nt = batch.non_tensor_batch
+    rewards = batch.batch["rm_scores"].sum(-1).tolist()
+    return [Rollout(str(nt["uid"][i]), rewards[i], int(nt["rstar_num_tool_calls"][i]),
+                    int(nt["rstar_num_tool_errors"][i]), int(nt["rstar_num_answers"][i]), int(nt["rstar_turns"][i]))
+            for i in range(len(batch))]
+
+
+def _error_rate(rows: list[Rollout]) -> float:
+    calls = sum(r.num_tool_calls for r in rows)
+    return sum(r.num_tool_errors for r in rows) / calls if calls else 0.0
+
+
+def apply_roc(batch: DataProto, cfg: RoCConfig, rng: random.Random) -> dict[str, float]:
+    """Keep RoC's selection of `batch`'s rows, in place; return the step's `roc/*` metrics."""
+    rollouts = rollouts_of(batch)
+    kept_idx = sorted(keep_indices(rollouts, cfg, rng))
+    if not kept_idx:
+        raise ValueError("RoC kept no rollout of this step (every group was dropped): nothing to train on")
+    kept = [rollouts[i] for i in kept_idx]
+    sub = batch.select_idxs(np.array(kept_idx, dtype=np.int64))
+    batch.batch, batch.non_tensor_batch = sub.batch, sub.non_tensor_batch
+    pos, pos_kept = [r for r in rollouts if r.reward > 0], [r for r in kept if r.reward > 0]
+    return {"roc/sampled": len(rollouts), "roc/kept": len(kept),
+            "roc/accuracy_sampled": len(pos) / len(rollouts),
+            "roc/p_err_kept_positive": float(np.mean([r.sample().p_err for r in pos_kept])) if pos_kept else 0.0,
+            "roc/p_format_kept_positive": float(np.mean([r.sample().p_format for r in pos_kept])) if pos_kept else 0.0,
+            "roc/tool_error_rate_positive": _error_rate(pos),
+            "roc/tool_error_rate_positive_kept": _error_rate(pos_kept)}
+
+
+def roc_config(config) -> RoCConfig:
+    r = config.rstar
+    return RoCConfig(mode=r.roc_mode, group_size=int(r.group_size))
+
+
+class RoCTrainer(RayPPOTrainer):
+    """verl's legacy PPO trainer with RoC between rollout and advantage (module docstring)."""
+
+    def _balance_batch(self, batch: DataProto, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        seed = int(self.config.rstar.get("seed", 0))
+        metrics.update(apply_roc(batch, roc_config(self.config), random.Random(f"{seed}/{self.global_steps}/roc")))
+        return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
+
+    @contextmanager
+    def _kept_group_size(self):
+        """verl sizes a PPO mini-batch as ppo_mini_batch_size x rollout.n rows; after RoC a
+        prompt has group_size rows, not rollout.n."""
+        rollout = self.config.actor_rollout_ref.rollout
+        sampled = rollout.n
+        with open_dict(self.config):
+            rollout.n = roc_config(self.config).group_size
+        try:
+            yield
+        finally:
+            with open_dict(self.config):
+                rollout.n = sampled
+
+    def _update_actor(self, batch: DataProto) -> DataProto:
+        with self._kept_group_size():
+            return super()._update_actor(batch)
+
+    def _load_checkpoint(self):
+        step = super()._load_checkpoint()
+        source = self.config.rstar.get("optimizer_from")
+        if step == 0 and source:
+            print(f"[rstar] optimizer state from the previous stage: {source}")
+            self.actor_rollout_wg.load_checkpoint(source, del_local_after_load=False)
+        return step
+
+
+@ray.remote
+class RoCTaskRunner(BaseTaskRunner):
+    """verl's task runner (workers, datasets, resource pools), building `RoCTrainer`."""
+
+    def run(self, config):
+        from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.utils.dataset.rl_dataset import collate_fn
+
+        OmegaConf.resolve(config)
+        _, group_cls = self.add_actor_rollout_worker(config)
+        self.add_critic_worker(config)
+        self.add_reward_model_resource_pool(config)
+        model = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+        datasets = [create_rl_dataset(files, config.data, model.tokenizer, model.processor, is_train=train)
+                    for files, train in ((config.data.train_files, True), (config.data.val_files, False))]
+        trainer = RoCTrainer(config=config, tokenizer=model.tokenizer, processor=model.processor,
+                             role_worker_mapping=self.role_worker_mapping,
+                             resource_pool_manager=self.init_resource_pool_mgr(config), ray_worker_group_cls=group_cls,
+                             train_dataset=datasets[0], val_dataset=datasets[1], collate_fn=collate_fn,
+                             train_sampler=create_rl_sampler(config.data, datasets[0]))
+        trainer.init_workers()
+        trainer.fit()
+
+
+def main(config) -> None:
+    """verl's main_ppo (device detection, validate_config before Ray starts, run_ppo) with
+    RoCTaskRunner."""
+    from verl.trainer.main_ppo import run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    if config.trainer.use_v1:
+        raise ValueError("rstar's RoC runs in verl's legacy trainer: set trainer.use_v1=false")
+    auto_set_device(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    run_ppo(config, task_runner_class=RoCTaskRunner)
+
+
+if __name__ == "__main__":
+    import hydra
+
+    hydra.main(config_path="pkg://verl.trainer.config", config_name="ppo_trainer", version_base=None)(main)()
