@@ -3,7 +3,8 @@
 Truncated trajectories score 0 and are kept (the paper found dropping them, "overlong
 filtering", made answers longer and more repetitive). `BatchScorer` scores many at once:
 integer answers inline (a string comparison), the rest on a pool of processes, each item
-bounded by `timeout_s` inside math-verify and by a hard deadline outside it.
+bounded by a deadline from outside (`timeout_s` + 2 s; a worker past it is replaced), never
+by a signal inside the worker (rstar.reward.verify).
 """
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ def score(response: str, ground_truth: str, *, truncated: bool = False, fallback
                         timeout_s=timeout_s))
 
 
-def _symbolic(args: tuple[str, str, int]) -> bool:
-    return symbolic_equal(*args[:2], timeout_s=args[2])
+def _symbolic(args: tuple[str, str]) -> bool:
+    # no SIGALRM in the workers (rstar.reward.verify): the pool's deadline bounds each check
+    return symbolic_equal(*args, timeout_s=None)
 
 
 def _warm_up() -> None:
@@ -104,10 +106,10 @@ class BatchScorer:
         out: list[bool] = []
         while len(out) < len(pairs):
             pool = self._get_pool()
-            pending = [pool.apply_async(self.check, ((p, g, self.timeout_s),)) for p, g in pairs[len(out):]]
+            pending = [pool.apply_async(self.check, ((p, g),)) for p, g in pairs[len(out):]]
             try:
                 for res in pending:
-                    out.append(res.get(timeout=3 * self.timeout_s + 5))
+                    out.append(res.get(timeout=self.timeout_s + 2))
             except mp.TimeoutError:  # stuck below Python: count it wrong, replace the pool and
                 self.timeouts += 1   # resubmit the rest (the old pool's results never come)
                 out.append(False)

@@ -5,10 +5,16 @@ spacing) and compares integer digit strings, so huge integers cost no parsing. A
 goes to the `math-verify` package (fractions, radicals, pi, intervals, sets, LaTeX), bounded
 by a time limit so one pathological answer cannot stall a batch. A relation `x = 3` is
 compared by its value (`math-verify` does that), so it equals `3`.
+
+math-verify's own time limit is SIGALRM: only the main thread may arm it (elsewhere math-verify
+raises, which would read as "not equal"), and an alarm that lands inside a C call can surface
+later as a `SystemError`. So the limit is armed only in the main thread; `BatchScorer` runs
+checks in worker processes without it and enforces its own deadline from outside.
 """
 from __future__ import annotations
 
 import re
+import threading
 
 _WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
 _SPACING = re.compile(r"\\[!,;: ]|\\quad|\\qquad|~|\s+")
@@ -31,7 +37,7 @@ def normalize_integer(text: str) -> str | None:
     return digits if sign != "-" or digits == "0" else "-" + digits
 
 
-def verify(prediction: str | None, ground_truth: str, *, timeout_s: int = 5) -> bool:
+def verify(prediction: str | None, ground_truth: str, *, timeout_s: int | None = 5) -> bool:
     """True when `prediction` is mathematically equal to `ground_truth`."""
     if prediction is None or not prediction.strip():
         return False
@@ -41,9 +47,13 @@ def verify(prediction: str | None, ground_truth: str, *, timeout_s: int = 5) -> 
     return symbolic_equal(prediction, ground_truth, timeout_s=timeout_s)
 
 
-def symbolic_equal(prediction: str, ground_truth: str, *, timeout_s: int = 5) -> bool:
+def symbolic_equal(prediction: str, ground_truth: str, *, timeout_s: int | None = 5) -> bool:
+    """`timeout_s=None`: no SIGALRM (the caller bounds the time); off the main thread always so."""
     from math_verify import parse
     from math_verify import verify as mv_verify
+
+    if threading.current_thread() is not threading.main_thread():
+        timeout_s = None
 
     try:
         gold = parse(f"${ground_truth}$", parsing_timeout=timeout_s)

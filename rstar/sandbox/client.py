@@ -6,9 +6,11 @@
 
 Concurrent `run` calls are sent together (up to `batch_size`, or after `batch_window_ms`).
 At most `max_inflight` calls are outstanding; more wait (back-pressure). A batch that fails
-in transit (connection refused or reset, 5xx) is retried with backoff up to `retries`
-times: the service is idempotent per call, so a call lost with a dead worker is run again.
-`deadline_s` bounds the whole wait for one call, retries included.
+in transit (connection refused or reset, 5xx) is retried with backoff (doubling, capped at
+`max_backoff_s`) for as long as one of its calls still waits: until each call's `deadline_s`,
+or for `retry_for_s` for calls without one (a restarted service is back in seconds; a fixed
+number of tries gave up on calls that still had time). The service is idempotent per call, so
+a call lost with a dead worker is run again.
 """
 from __future__ import annotations
 
@@ -23,11 +25,11 @@ from rstar.sandbox.result import (JSON_HEADERS, ExecRequest, ExecResult, Execute
 
 class SandboxClient:
     def __init__(self, url: str, *, batch_size: int = 64, batch_window_ms: float = 2.0,
-                 max_inflight: int = 4096, retries: int = 4, backoff_s: float = 0.2,
-                 request_timeout_s: float = 900.0) -> None:
+                 max_inflight: int = 4096, retry_for_s: float = 60.0, backoff_s: float = 0.2,
+                 max_backoff_s: float = 2.0, request_timeout_s: float = 900.0) -> None:
         self.url = url.rstrip("/")
         self.batch_size, self.window = batch_size, batch_window_ms / 1000
-        self.retries, self.backoff_s = retries, backoff_s
+        self.retry_for_s, self.backoff_s, self.max_backoff_s = retry_for_s, backoff_s, max_backoff_s
         self._inflight = asyncio.Semaphore(max_inflight)
         self._queue: asyncio.Queue[tuple[ExecRequest, asyncio.Future]] = asyncio.Queue()
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, connect=5.0)
@@ -72,6 +74,7 @@ class SandboxClient:
             try:
                 return await asyncio.wait_for(asyncio.shield(fut), deadline_s)
             except asyncio.TimeoutError:
+                fut.cancel()  # nobody waits for it now: the sender stops retrying it
                 return ExecResult(status=Status.TIMEOUT, reason=f"client deadline of {deadline_s:g}s exceeded")
 
     async def health(self) -> dict:
@@ -103,18 +106,22 @@ class SandboxClient:
         task.add_done_callback(self._sending.discard)
 
     async def _send(self, batch: list[tuple[ExecRequest, asyncio.Future]]) -> None:
-        body = encode_json(ExecuteBody([r for r, _ in batch]))
-        error = ""
-        for attempt in range(self.retries + 1):
+        loop = asyncio.get_running_loop()
+        give_up, error, attempt = loop.time() + self.retry_for_s, "", 0
+        while True:
+            waiting = [(r, fut) for r, fut in batch if not fut.done()]  # a call past its deadline is cancelled
+            if not waiting:
+                return
             try:
+                body = encode_json(ExecuteBody([r for r, _ in waiting]))
                 async with self._http.post(f"{self.url}/v1/execute", data=body, headers=JSON_HEADERS) as resp:
                     if resp.status < 500:
                         if resp.status >= 400:
                             detail = (await resp.json()).get("detail")
-                            results = [ExecResult.rejected(f"HTTP {resp.status}: {detail}") for _ in batch]
+                            results = [ExecResult.rejected(f"HTTP {resp.status}: {detail}") for _ in waiting]
                         else:
                             results = decode_results(await resp.read()).results
-                        for (_, fut), res in zip(batch, results):
+                        for (_, fut), res in zip(waiting, results):
                             res.attempts += attempt
                             if not fut.done():
                                 fut.set_result(res)
@@ -122,7 +129,12 @@ class SandboxClient:
                     error = f"HTTP {resp.status}"
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 error = repr(e)
-            await asyncio.sleep(self.backoff_s * 2**attempt * (0.5 + random.random()))
+            attempt += 1
+            if loop.time() >= give_up:
+                break
+            delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random())
+            await asyncio.sleep(min(delay, max(0.0, give_up - loop.time())))
         for _, fut in batch:
             if not fut.done():
-                fut.set_result(ExecResult.rejected(f"sandbox unreachable after {self.retries + 1} tries: {error}"))
+                fut.set_result(ExecResult.rejected(f"sandbox unreachable for {self.retry_for_s:g}s "
+                                                   f"({attempt} tries): {error}"))

@@ -139,3 +139,25 @@ def test_workers_that_never_start_raise_a_clear_error(monkeypatch):
     with BatchScorer(workers=1) as scorer:
         with pytest.raises(RuntimeError, match="did not start within 3 s"):
             scorer.score_many([ScoreItem("<answer>\\boxed{0.5}</answer>", "\\frac{1}{2}")])
+
+
+def test_a_check_arms_no_alarm_in_a_worker_and_works_off_the_main_thread(monkeypatch):
+    """math-verify's limit is SIGALRM, which fired inside C calls under load (a SystemError that
+    killed a mining stage) and which only the main thread may arm (off it, every symbolic
+    answer read as wrong). Workers check without it; other threads too."""
+    import signal
+    import threading
+
+    from rstar.reward.score import BatchScorer
+    from rstar.reward.verify import symbolic_equal
+
+    armed = []
+    real_alarm = signal.alarm
+    monkeypatch.setattr(signal, "alarm", lambda s: armed.append(s) or real_alarm(s))
+    assert BatchScorer.check(("0.5", "\\frac{1}{2}")) is True   # what a pool worker runs
+    assert [s for s in armed if s] == []
+    found = []
+    worker = threading.Thread(target=lambda: found.append(symbolic_equal("0.5", "\\frac{1}{2}")))
+    worker.start()
+    worker.join()
+    assert found == [True]

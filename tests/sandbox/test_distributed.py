@@ -98,7 +98,7 @@ async def test_client_retries_until_the_service_is_up():
     starter = threading.Timer(0.5, server.start)
     starter.start()
     try:
-        async with SandboxClient(server.url, retries=8, backoff_s=0.5) as client:
+        async with SandboxClient(server.url, retry_for_s=60, backoff_s=0.5) as client:
             r = await client.run("'made it'")
         assert r.status is Status.OK and r.value == "'made it'"
         assert r.attempts > 1
@@ -108,6 +108,30 @@ async def test_client_retries_until_the_service_is_up():
 
 
 async def test_client_gives_up_with_a_clear_status():
-    async with SandboxClient(f"http://127.0.0.1:{free_port()}", retries=1, backoff_s=0.05) as client:
+    async with SandboxClient(f"http://127.0.0.1:{free_port()}", retry_for_s=0.3, backoff_s=0.05) as client:
         r = await client.run("1")
-    assert r.status is Status.REJECTED and "unreachable after 2 tries" in r.reason
+    assert r.status is Status.REJECTED and "unreachable for 0.3s" in r.reason
+
+
+async def test_a_restarted_service_loses_no_call_that_still_has_time():
+    """A service killed mid-stream and back on its port seconds later: every call with a
+    deadline longer than the outage comes back from the service, none "unreachable" (a fixed
+    4 tries with 0.2 s doubling gave up after 1.5-4.5 s, losing calls that had 20 s left)."""
+    port = free_port()
+    first = SandboxProcess("--executors", "1", "--slots", "4", "--uid-base", "391000", port=port).start()
+    second = SandboxProcess("--executors", "1", "--slots", "4", "--uid-base", "391500", port=port)
+    async with SandboxClient(first.url, batch_size=8, backoff_s=0.2) as client:
+        assert (await client.run("1")).ok
+        first.kill()
+        restart = threading.Timer(5.0, second.start)  # down for longer than 4 doubling tries take
+        restart.start()
+        try:
+            results = await client.run_many([ExecRequest(f"{i}*2") for i in range(20)], deadline_s=60)
+        finally:
+            restart.join()
+    try:
+        assert [r.status for r in results] == [Status.OK] * 20, [r.reason for r in results if not r.ok][:3]
+        assert [r.value for r in results] == [str(i * 2) for i in range(20)]
+        assert max(r.attempts for r in results) > 4
+    finally:
+        second.stop()
