@@ -6,9 +6,11 @@ hard -> RL stage 3 -> evaluation, one retryable, cached Prefect task per stage.
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
 
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.stages import Layout
+from rstar.storage.lock import hold_root
 from rstar.tracking import mlflow_log as ml
 from tasks.stage import submit
 
@@ -19,8 +21,14 @@ def _model_inputs(out: dict) -> dict:
 
 @flow(name="rstar-pipeline", log_prints=True)
 def pipeline(config: str = "configs/tiny.yaml", overrides: dict | None = None) -> dict:
-    """Run the recipe in `config` (overrides: {"rl.0.steps": 2, ...}). Returns every stage's outputs."""
+    """Run the recipe in `config` (overrides: {"rl.0.steps": 2, ...}). Returns every stage's outputs.
+    One run per storage root at a time: a second one fails at once naming the first (rstar.storage.lock)."""
     recipe = load_recipe(config, overrides)
+    with hold_root(Layout(recipe.storage_root).root, f"flow run {flow_run.get_name()} ({flow_run.get_id()})"):
+        return _run(recipe, config)
+
+
+def _run(recipe, config: str) -> dict:
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)
     parent = ml.start_run(uri, recipe.tracking.experiment, f"pipeline:{recipe.name}",
                           params=recipe.model_dump(mode="json"),

@@ -43,15 +43,26 @@ def pipeline_run(config: str = typer.Option("configs/tiny.yaml", help="The recip
     """Run the whole recipe: base, problems, SFT, RL stages, mining, evaluation."""
     import json
 
-    from flows.pipeline import pipeline
-    from rstar.pipeline.bench import pipeline_report
-    from rstar.pipeline.config import load_recipe
-    from rstar.storage import atomic_write_text
+    from rstar.pipeline.config import ConfigError, load_recipe
+    from rstar.storage.lock import RootBusy
 
     overrides = _overrides(set_)
-    outs = pipeline(config, overrides)
+    try:  # a recipe that cannot run fails here, in one line, before Prefect starts
+        recipe = load_recipe(config, overrides)
+    except ConfigError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    from flows.pipeline import pipeline
+    from rstar.pipeline.bench import pipeline_report
+    from rstar.storage import atomic_write_text
+
+    try:
+        outs = pipeline(config, overrides)
+    except RootBusy as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
     if report_json:
-        report = pipeline_report(load_recipe(config, overrides), outs)
+        report = pipeline_report(recipe, outs)
         atomic_write_text(report_json, json.dumps(report, indent=1, default=str))
 
 

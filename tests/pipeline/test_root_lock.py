@@ -1,0 +1,82 @@
+"""One run per storage root: a second run fails at once naming the first; a killed holder
+leaves nothing stale (local: the OS lock dies with it; S3: its lease expires)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rstar.storage import filesystem
+from rstar.storage.lock import LOCK, RootBusy, hold_root
+
+
+def test_a_second_run_on_a_local_root_fails_at_once_naming_the_first(tmp_path):
+    root = str(tmp_path / "root")
+    with hold_root(root, "flow run double-click-1"):
+        start = time.monotonic()
+        with pytest.raises(RootBusy, match=r"in use by another run \(run flow run double-click-1, host"):
+            with hold_root(root, "flow run double-click-2"):
+                pass
+        assert time.monotonic() - start < 1
+    with hold_root(root, "flow run later"):  # released: the next run takes it
+        assert json.load(open(os.path.join(root, LOCK)))["run"] == "flow run later"
+
+
+def test_a_killed_holder_leaves_the_local_root_free(tmp_path):
+    root = str(tmp_path / "root")
+    code = ("import sys, time; from rstar.storage.lock import hold_root\n"
+            f"with hold_root({root!r}, 'doomed'):\n    print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(RootBusy, match="doomed"):
+        with hold_root(root, "second"):
+            pass
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    with hold_root(root, "after the kill"):
+        pass
+
+
+def test_an_s3_root_takes_a_lease_refuses_a_second_run_and_breaks_an_expired_one(s3):
+    root = f"{s3}/locked"
+    fs, base = filesystem(root)
+    with hold_root(root, "first", lease_s=30):
+        holder = json.loads(fs.cat_file(f"{base}/{LOCK}"))
+        assert holder["run"] == "first" and holder["expires"] > time.time()
+        with pytest.raises(RootBusy, match="run first"):
+            with hold_root(root, "second", lease_s=30):
+                pass
+    assert not fs.exists(f"{base}/{LOCK}")  # released on exit
+    # a holder that died: its lease is left behind, expired
+    fs.pipe_file(f"{base}/{LOCK}", json.dumps({"run": "dead", "expires": time.time() - 1}).encode())
+    with hold_root(root, "third", lease_s=30):
+        assert json.loads(fs.cat_file(f"{base}/{LOCK}"))["run"] == "third"
+
+
+def test_the_cli_refuses_a_pipeline_on_a_root_another_run_holds(prefect_api, tmp_path):
+    from typer.testing import CliRunner
+
+    from rstar.cli import app
+    from tests.pipeline.conftest import write_recipe
+
+    root = str(tmp_path / "root")
+    path = write_recipe(str(tmp_path), "busy", root)
+    with hold_root(root, "flow run the-first-click"):
+        result = CliRunner().invoke(app, ["pipeline", "run", "--config", path])
+    assert result.exit_code == 1
+    assert "in use by another run (run flow run the-first-click" in result.output
+    assert not os.path.exists(os.path.join(root, "models"))  # nothing of the second run was written
+
+
+def test_a_recipe_error_is_one_line_before_prefect_starts(tmp_path):
+    from typer.testing import CliRunner
+
+    from rstar.cli import app
+
+    start = time.monotonic()
+    result = CliRunner().invoke(app, ["pipeline", "run", "--config", "configs/tiny.yaml", "--set", "rl.2.stepz=3"])
+    assert result.exit_code == 1 and "rl.2.stepz" in result.output and "Traceback" not in result.output
+    assert time.monotonic() - start < 10
