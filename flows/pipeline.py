@@ -30,6 +30,7 @@ def pipeline(config: str = "configs/tiny.yaml", overrides: dict | None = None) -
 
 def _run(recipe, config: str) -> dict:
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)
+    ml.check_reachable(uri)
     parent = ml.start_run(uri, recipe.tracking.experiment, f"pipeline:{recipe.name}",
                           params=recipe.model_dump(mode="json"),
                           tags={ml.PIPELINE: "root", "rstar.recipe_digest": recipe.digest(), "rstar.config": config})

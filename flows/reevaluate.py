@@ -37,6 +37,7 @@ def reevaluate(config: str = "configs/tiny.yaml", versions: list[str] | None = N
     """Evaluate `versions` (default: the latest) on `problems` (default: the recipe's held-out set)."""
     recipe = load_recipe(config, overrides)
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)
+    ml.check_reachable(uri)
     sources = resolve_versions(uri, recipe.tracking.registered_model, versions or ["latest"])
     parent = ml.start_run(uri, recipe.tracking.experiment, f"reevaluate:{recipe.name}",
                           tags={ml.PIPELINE: "reevaluate"}, params={"versions": sorted(sources)})

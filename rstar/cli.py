@@ -44,23 +44,24 @@ def pipeline_run(config: str = typer.Option("configs/tiny.yaml", help="The recip
     import json
 
     from rstar.pipeline.config import ConfigError, load_recipe
-    from rstar.storage.lock import RootBusy
+    from rstar.pipeline.stages import Layout
+    from rstar.storage.lock import RootBusy, hold_root
+    from rstar.tracking.mlflow_log import TrackingUnreachable, absolute_uri, check_reachable
 
     overrides = _overrides(set_)
-    try:  # a recipe that cannot run fails here, in one line, before Prefect starts
+    try:  # what cannot run fails here, in one line, before Prefect starts (the flow checks again)
         recipe = load_recipe(config, overrides)
-    except ConfigError as e:
+        check_reachable(absolute_uri(recipe.tracking.tracking_uri))
+        with hold_root(Layout(recipe.storage_root).root, "rstar pipeline run (checking)"):
+            pass
+    except (ConfigError, TrackingUnreachable, RootBusy) as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
     from flows.pipeline import pipeline
     from rstar.pipeline.bench import pipeline_report
     from rstar.storage import atomic_write_text
 
-    try:
-        outs = pipeline(config, overrides)
-    except RootBusy as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(1) from None
+    outs = pipeline(config, overrides)
     if report_json:
         report = pipeline_report(recipe, outs)
         atomic_write_text(report_json, json.dumps(report, indent=1, default=str))

@@ -25,6 +25,29 @@ def absolute_uri(uri: str) -> str:
     return uri
 
 
+class TrackingUnreachable(RuntimeError):
+    """The MLflow tracking server does not answer: nothing to retry, a setting or a server to fix."""
+
+
+def check_reachable(tracking_uri: str, timeout_s: float = 5.0) -> None:
+    """For an http(s) tracking URI, one request with a short timeout, so a dead server is one
+    clear error in seconds (MLflow's own client retries for minutes before it says so)."""
+    import urllib.error
+    import urllib.request
+
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout_s):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered (an older server or a proxy without /health): reachable
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise TrackingUnreachable(f"MLflow tracking server {tracking_uri} does not answer ({reason}); start it "
+                                  "(infra/start-local-stack.sh) or set tracking.tracking_uri") from None
+
+
 def client(tracking_uri: str):
     from mlflow import MlflowClient
 

@@ -1,5 +1,6 @@
-"""One run per storage root: a second run fails at once naming the first; a killed holder
-leaves nothing stale (local: the OS lock dies with it; S3: its lease expires)."""
+"""Failing early and plainly: one run per storage root (a second run fails at once naming the
+first; a killed holder leaves nothing stale: locally the OS lock dies with it, on S3 its lease
+expires), a recipe error or a dead tracking server in one line."""
 import json
 import os
 import signal
@@ -56,7 +57,7 @@ def test_an_s3_root_takes_a_lease_refuses_a_second_run_and_breaks_an_expired_one
         assert json.loads(fs.cat_file(f"{base}/{LOCK}"))["run"] == "third"
 
 
-def test_the_cli_refuses_a_pipeline_on_a_root_another_run_holds(prefect_api, tmp_path):
+def test_the_cli_refuses_a_pipeline_on_a_root_another_run_holds(tmp_path):
     from typer.testing import CliRunner
 
     from rstar.cli import app
@@ -67,7 +68,7 @@ def test_the_cli_refuses_a_pipeline_on_a_root_another_run_holds(prefect_api, tmp
     with hold_root(root, "flow run the-first-click"):
         result = CliRunner().invoke(app, ["pipeline", "run", "--config", path])
     assert result.exit_code == 1
-    assert "in use by another run (run flow run the-first-click" in result.output
+    assert "in use by another run (run flow run the-first-click" in result.output and "Traceback" not in result.output
     assert not os.path.exists(os.path.join(root, "models"))  # nothing of the second run was written
 
 
@@ -80,3 +81,32 @@ def test_a_recipe_error_is_one_line_before_prefect_starts(tmp_path):
     result = CliRunner().invoke(app, ["pipeline", "run", "--config", "configs/tiny.yaml", "--set", "rl.2.stepz=3"])
     assert result.exit_code == 1 and "rl.2.stepz" in result.output and "Traceback" not in result.output
     assert time.monotonic() - start < 10
+
+
+def test_a_dead_tracking_server_is_one_line_in_seconds(tmp_path):
+    """MLflow's client retried for 4.5 minutes before it said the server was down."""
+    from typer.testing import CliRunner
+
+    from rstar.cli import app
+    from rstar.sandbox.process import free_port
+    from tests.pipeline.conftest import write_recipe
+
+    path = write_recipe(str(tmp_path), "dead-mlflow", str(tmp_path / "root"))
+    dead = f"http://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    result = CliRunner().invoke(app, ["pipeline", "run", "--config", path, "--set", f"tracking.tracking_uri={dead}"])
+    assert result.exit_code == 1, result.output
+    assert f"MLflow tracking server {dead} does not answer" in result.output and "Traceback" not in result.output
+    assert time.monotonic() - start < 15
+
+
+def test_the_flow_itself_refuses_a_busy_root(prefect_api, tmp_path):
+    """A run started from the UI (no CLI check before it) fails at once too."""
+    from flows.pipeline import pipeline
+    from tests.pipeline.conftest import write_recipe
+
+    root = str(tmp_path / "root")
+    path = write_recipe(str(tmp_path), "busy-flow", root)
+    with hold_root(root, "flow run the-first-click"):
+        state = pipeline(path, return_state=True)
+    assert state.is_failed() and "the-first-click" in str(state.message) + repr(state.result(raise_on_failure=False))
