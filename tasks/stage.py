@@ -2,7 +2,8 @@
 the work as a Ray job, registers the stage's model, and leaves a markdown summary artifact.
 
 Retries come from the recipe (`retries.count`, `retries.delay_s`); a retried RL stage resumes
-from its checkpoint. The cache key is the stage's recipe section, its inputs' content digests
+from its checkpoint. A failure another attempt cannot fix (a recipe, a data file, a
+permission: `rstar.errors.retry_pointless`) is not retried. The cache key is the stage's recipe section, its inputs' content digests
 and the code version, so re-running a finished pipeline serves every stage from cache.
 """
 from __future__ import annotations
@@ -10,13 +11,18 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from rstar.errors import retry_pointless
 from rstar.pipeline.config import Recipe
 from rstar.pipeline.launch import run_job
 from rstar.pipeline.stages import Layout, outputs_exist, summary_markdown
 from rstar.tracking import mlflow_log as ml
 
 
-@task(name="stage", task_run_name="{stage}", persist_result=True,
+def worth_retrying(task, task_run, state) -> bool:
+    return not retry_pointless(state.result(raise_on_failure=False))
+
+
+@task(name="stage", task_run_name="{stage}", persist_result=True, retry_condition_fn=worth_retrying,
       cache_key_fn=lambda ctx, params: params["recipe"].cache_key(params["stage"], params["inputs"]))
 def run_stage(stage: str, recipe: Recipe, inputs: dict, parent_run_id: str) -> dict:
     log = get_run_logger()

@@ -7,10 +7,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rstar.data.schema import VERSION, schema
+from rstar.errors import NotRetryable
 from rstar.storage import atomic_write, atomic_write_text, filesystem
 
 
-class DataError(ValueError):
+class DataError(NotRetryable, ValueError):
     """A file or row that is not what it claims to be; the message names it and the problem."""
 
 

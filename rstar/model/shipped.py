@@ -18,6 +18,7 @@ import os
 import platform
 import time
 
+from rstar.errors import NotRetryable
 from rstar.tracking.digest import digest
 
 MANIFEST = "MANIFEST.json"
@@ -26,7 +27,7 @@ BUILD_FIELDS = ("hidden", "layers", "number_chunk", "pretrain_steps", "pretrain_
                 "pretrain_seq_len", "seed")
 
 
-class ShippedBaseError(ValueError):
+class ShippedBaseError(NotRetryable, ValueError):
     """A shipped base that is missing, altered, or built from another recipe."""
 
 

@@ -20,13 +20,14 @@ from rstar.data import check_names
 from rstar.data import sft as sft_data
 from rstar.data.curate import SourceSpec
 from rstar.data import synth
+from rstar.errors import NotRetryable
 from rstar.eval.run import EvalConfig
 from rstar.pipeline.verdict import Expect
 from rstar.train.rl import StageConfig
 from rstar.train.sft import SFTConfig
 
 
-class ConfigError(ValueError):
+class ConfigError(NotRetryable, ValueError):
     """A recipe that cannot run; the message names the file and the key or path."""
 
 
@@ -221,7 +222,31 @@ def load_recipe(path: str, overrides: dict | None = None, *, check_inputs: bool 
             raise ConfigError(f"{path}: {where}: cannot check {uri} ({type(e).__name__}: {e})") from None
         if not found:
             raise ConfigError(f"{path}: {where}: {uri} does not exist")
+        problem = _unreadable(fs, inner)
+        if problem:
+            raise ConfigError(f"{path}: {where}: {uri} {problem}")
     return recipe
+
+
+def _unreadable(fs, inner: str) -> str | None:
+    """Why a data file cannot be read, from its cheapest part (a Parquet footer, a JSONL first
+    line), so a truncated file fails the recipe check instead of a stage minutes later."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    try:
+        if inner.endswith(".parquet"):
+            with fs.open(inner, "rb") as f:
+                pq.read_schema(f)
+        elif inner.endswith(".jsonl"):
+            with fs.open(inner, "r") as f:
+                first = f.readline()
+            if first.strip():
+                json.loads(first)
+    except Exception as e:  # noqa: BLE001 - pyarrow's and json's errors: say what they said
+        return f"is not readable ({type(e).__name__}: {str(e)[:200]})"
+    return None
 
 
 def _input_files(recipe: Recipe):

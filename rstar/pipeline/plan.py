@@ -12,12 +12,13 @@ import contextlib
 import os
 import sys
 
+from rstar.errors import NotRetryable
 from rstar.pipeline.config import Recipe
 from rstar.pipeline.stages import Layout
 from rstar.storage import dirs
 
 
-class PlanError(ValueError):
+class PlanError(NotRetryable, ValueError):
     """A stage verl would refuse; the message names the stage and what verl said."""
 
 

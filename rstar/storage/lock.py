@@ -20,12 +20,13 @@ import threading
 import time
 from contextlib import contextmanager
 
+from rstar.errors import NotRetryable
 from rstar.storage import filesystem, is_remote
 
 LOCK = ".rstar-lock"
 
 
-class RootBusy(RuntimeError):
+class RootBusy(NotRetryable, RuntimeError):
     """Another run holds the storage root."""
 
 

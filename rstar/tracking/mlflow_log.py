@@ -12,6 +12,8 @@ import re
 import tempfile
 import time
 
+from rstar.errors import NotRetryable
+
 STAGE, PIPELINE, INPUT_MODEL, EVALUATES, DIGEST = (
     "rstar.stage", "rstar.pipeline", "rstar.input_model", "rstar.evaluates", "rstar.model_digest")
 
@@ -25,7 +27,7 @@ def absolute_uri(uri: str) -> str:
     return uri
 
 
-class TrackingUnreachable(RuntimeError):
+class TrackingUnreachable(NotRetryable, RuntimeError):
     """The MLflow tracking server does not answer: nothing to retry, a setting or a server to fix."""
 
 

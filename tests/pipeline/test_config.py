@@ -95,3 +95,18 @@ def test_an_rl_stage_never_resumes_another_recipes_checkpoint(where, tmp_path, r
     other = _work_dir(changed, Layout(root), "rl1", inputs)[1]
     assert other != remote and not fs.exists(path)
     assert _work_dir(first, Layout(root), "rl1", {**inputs, "model_digest": "def"})[1] != remote
+
+
+def test_a_truncated_input_file_fails_the_recipe_check_naming_it(tmp_path):
+    """It used to pass (only existence was checked); the problems stage then failed three times."""
+    from rstar.data import synth
+    from rstar.data.io import write_table
+
+    good = write_table(synth.generate(4, seed=1), str(tmp_path / "good.parquet"), "problems")
+    data = open(good, "rb").read()
+    (tmp_path / "cut.parquet").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ConfigError, match=r"train_problems\.files\.0: .*cut\.parquet is not readable"):
+        load_recipe("configs/tiny.yaml", {"train_problems": {"files": [str(tmp_path / "cut.parquet")]}})
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    with pytest.raises(ConfigError, match=r"bad\.jsonl is not readable \(JSONDecodeError"):
+        load_recipe("configs/tiny.yaml", {"train_problems": {"files": [str(tmp_path / "bad.jsonl")]}})

@@ -110,3 +110,21 @@ def test_the_flow_itself_refuses_a_busy_root(prefect_api, tmp_path):
     with hold_root(root, "flow run the-first-click"):
         state = pipeline(path, return_state=True)
     assert state.is_failed() and "the-first-click" in str(state.message) + repr(state.result(raise_on_failure=False))
+
+
+def test_an_error_retrying_cannot_fix_is_not_retried(prefect_api, tmp_path):
+    """A shipped base whose manifest disagrees with the recipe: the base stage fails once (the
+    recipe allows 2 retries), with the field named, instead of three times."""
+    from flows.pipeline import pipeline
+    from rstar.tracking import mlflow_log as ml
+    from tests.pipeline.conftest import write_recipe
+
+    path = write_recipe(str(tmp_path), "no-retry", str(tmp_path / "root"))
+    state = pipeline(path, {"base.shipped": "models/tiny-base", "retries.delay_s": 0}, return_state=True)
+    assert state.is_failed()
+    error = state.result(raise_on_failure=False)
+    assert "hidden" in str(error)  # the manifest field that differs (32 here, 192 shipped)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    runs = ml.client(uri).search_runs([ml.client(uri).get_experiment_by_name("rstar-tiny").experiment_id],
+                                      filter_string=f"tags.`{ml.STAGE}` = 'base'")
+    assert len(runs) == 1  # one attempt
