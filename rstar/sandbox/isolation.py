@@ -3,10 +3,13 @@
 execs the executor, so the executor itself never loads ctypes (a lean parent forks faster).
 
 - an empty network namespace (no interface is up; nothing is reachable);
-- a private mount namespace where every mount is read-only and nosuid, the shared
-  writable directories (/tmp, /dev/shm, ...) are fresh root-owned tmpfs, /proc hides other
-  users' processes, and private directories the interpreter lives under (/root, say) are
-  replaced by traverse-only tmpfs with just the interpreter bound back in;
+- a private mount namespace whose root is a minimal tree built for the calls: read-only,
+  nosuid binds of only what Python needs (the system's /usr and /lib, the interpreter's and the
+  virtual environment's prefixes, the `rstar` package, /etc/ld.so.cache, a few /dev nodes), a
+  fresh tmpfs /tmp and /dev/shm, and /proc hiding other users' processes. The rest of the host
+  is not there: not /etc/passwd, not the project's checkout, configs, datasets (answers
+  included: in agentic RL, a readable training file is a way to earn reward without solving
+  anything) or checkpoints, not the home directory a venv may live under;
 - the executor is a child subreaper, so processes a call orphans are re-parented to it.
 """
 from __future__ import annotations
@@ -27,9 +30,13 @@ PR_SET_CHILD_SUBREAPER = 36
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 HUGE = 1 << 21
 
-# World-writable places an unprivileged uid could otherwise write to on the host.
-SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
 WORK_ROOT = "/tmp/rstar-calls"
+NEW_ROOT = "/tmp/.rstar-sandbox-root"  # a mount point on the host; each executor mounts its own root there
+# What every call may read, besides the interpreter's own paths (interpreter_paths).
+SYSTEM_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/localtime",
+                "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}  # syscall numbers: glibc has no wrapper
+MNT_DETACH = 2
 _STAY_WRITABLE = ("/tmp", "/proc")  # the calls' tmpfs (not what is bound into it); /proc/self/oom_score_adj
 
 
@@ -48,51 +55,59 @@ def privileged() -> bool:
     return os.geteuid() == 0
 
 
-def _hidden_ancestor(path: str) -> tuple[str, str] | None:
-    """The first directory on `path` that other users cannot traverse, and its child on `path`."""
-    parts = os.path.realpath(path).split("/")[1:]
-    for i in range(1, len(parts)):
-        parent = "/" + "/".join(parts[:i])
-        if not os.stat(parent).st_mode & 0o001:
-            return parent, parent + "/" + parts[i]
-    return None
+def _bind_into(root: str, path: str) -> None:
+    """`path` of the host at the same place under `root`: a symlink as a symlink, a directory or
+    file as a recursive bind mount (made read-only later, with every other mount)."""
+    target = root + path
+    os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+    if os.path.islink(path):
+        os.symlink(os.readlink(path), target)
+        return
+    if os.path.isdir(path):
+        os.makedirs(target, mode=0o755, exist_ok=True)
+    else:
+        open(target, "w").close()
+    _mount(path, target, None, MS_BIND | MS_REC)
 
 
-def _replace_with_tmpfs(directory: str, keep: set[str], options: str) -> None:
-    """Mount a fresh tmpfs on `directory`, binding the paths in `keep` (its children) back in."""
-    fds = {child: os.open(child, os.O_PATH) for child in keep}
-    try:
-        _mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, options)
-        for child, fd in fds.items():
-            if os.path.isdir(f"/proc/self/fd/{fd}"):
-                os.mkdir(child)
-            else:
-                open(child, "w").close()
-            _mount(f"/proc/self/fd/{fd}", child, None, MS_BIND | MS_REC)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+def _minimal_paths(paths: list[str]) -> list[str]:
+    """Existing paths, each once: none under another already listed (its bind covers it)."""
+    out: list[str] = []
+    for p in sorted({os.path.normpath(p) for p in paths if os.path.lexists(p)}, key=len):
+        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out if not os.path.islink(q)):
+            out.append(p)
+    return out
 
 
-def _children_on_paths(directory: str, paths: list[str]) -> set[str]:
-    """The children of `directory` that lie on one of `paths`."""
-    prefix = directory.rstrip("/") + "/"
-    return {prefix + p[len(prefix):].split("/")[0] for p in map(os.path.realpath, paths) if p.startswith(prefix)}
+def _pivot_into(root: str) -> None:
+    os.chdir(root)
+    os.mkdir(".old")
+    number = PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(f"no pivot_root syscall number known for {os.uname().machine}")
+    _check(_libc.syscall(number, b".", b".old"), "pivot_root")
+    os.chdir("/")
+    _check(_libc.umount2(b"/.old", MNT_DETACH), "umount old root")
+    os.rmdir("/.old")
 
 
-def _expose(paths: list[str]) -> list[str]:
-    """Make `paths` reachable for unprivileged calls when they live under a private directory:
-    a traverse-only tmpfs replaces that directory, with only the needed subtrees bound back."""
-    needed: dict[str, set[str]] = {}
-    for path in paths:
-        if os.path.exists(path) and (hit := _hidden_ancestor(path)):
-            needed.setdefault(hit[0], set()).add(hit[1])
+def _build_root(workdir_mb: int, paths: list[str]) -> list[str]:
+    """The calls' root (module docstring), then pivot into it."""
     warnings = []
-    for hidden, children in needed.items():
-        try:
-            _replace_with_tmpfs(hidden, children, "mode=0711,size=64k")
-        except OSError as e:
-            warnings.append(f"could not expose {sorted(children)} to calls: {e}")
+    os.makedirs(NEW_ROOT, mode=0o755, exist_ok=True)
+    _mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    for path, size in (("/tmp", f"{workdir_mb}m"), ("/dev/shm", "1m")):  # first: a checkout in /tmp binds on top
+        os.makedirs(NEW_ROOT + path, mode=0o755, exist_ok=True)
+        _mount("tmpfs", NEW_ROOT + path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0755,size={size}")
+    for path in _minimal_paths([*SYSTEM_PATHS, *paths]):
+        _bind_into(NEW_ROOT, path)
+    os.makedirs(NEW_ROOT + "/proc", mode=0o555, exist_ok=True)
+    try:
+        _mount("proc", NEW_ROOT + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
+    except OSError as e:  # not our pid namespace (unprivileged): the host's, as it is
+        warnings.append(f"/proc not mounted with hidepid: {e}")
+        _mount("/proc", NEW_ROOT + "/proc", None, MS_BIND | MS_REC)
+    _pivot_into(NEW_ROOT)
     return warnings
 
 
@@ -124,6 +139,7 @@ def _lock_down_mounts() -> list[str]:
 
 
 def enter_namespaces(workdir_mb: int, expose: list[str]) -> list[str]:
+    """`expose`: what calls may read besides SYSTEM_PATHS (interpreter_paths)."""
     """Enter the namespaces described in the module docstring. Returns warnings for what the
     kernel or our privileges did not allow."""
     warnings: list[str] = []
@@ -141,19 +157,7 @@ def enter_namespaces(workdir_mb: int, expose: list[str]) -> list[str]:
             return [f"no network or mount namespace ({e}): calls can reach the network "
                     "and write to shared directories such as /tmp"]
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
-    if privileged():
-        warnings += _expose(expose)
-    for path in SHARED_WRITABLE:
-        if os.path.isdir(path):
-            size = f"{workdir_mb}m" if path == "/tmp" else "1m"
-            try:  # the interpreter or project may live here (a checkout in /tmp, say): keep those
-                _replace_with_tmpfs(path, _children_on_paths(path, expose), f"mode=0755,size={size}")
-            except OSError as e:
-                warnings.append(f"could not hide {path}: {e}")
-    try:
-        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
-    except OSError as e:
-        warnings.append(f"/proc not remounted with hidepid: {e}")
+    warnings += _build_root(workdir_mb, expose)
     warnings += _lock_down_mounts()
     os.makedirs(WORK_ROOT, mode=0o711, exist_ok=True)
     return warnings
@@ -180,8 +184,18 @@ def collapse_to_huge_pages() -> int:
 
 
 def interpreter_paths() -> list[str]:
-    """What a call needs to read to run Python and import libraries."""
-    return [os.path.realpath(sys.executable), sys.prefix, sys.base_prefix] + [p for p in sys.path if p]
+    """What an executor and its calls need to run Python and import libraries: the interpreter's
+    and the virtual environment's prefixes, and of the project only its `rstar` package (the
+    executor's code), never the checkout around it."""
+    project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    package = os.path.join(project, "rstar")
+    # Started with -S, a venv's python reports the base prefix: find the venv from the executable
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+    paths = [os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, sys.exec_prefix, package]
+    if os.path.exists(os.path.join(venv, "pyvenv.cfg")):
+        paths += [venv, os.path.realpath(venv)]  # the path it was started by, and where it really is
+    # sys.path also holds the working directory ("/" here, for -m) and the project root: not those
+    return paths + [p for p in sys.path if p and os.path.realpath(p) not in ("/", os.path.realpath(project))]
 
 
 def main(argv: list[str]) -> None:
