@@ -193,6 +193,34 @@ def _where(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
+def _keys_of(cls) -> dict:
+    """Field name -> type of a pydantic model or a dataclass."""
+    import dataclasses
+    import typing
+
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return {name: f.annotation for name, f in cls.model_fields.items()}
+    if dataclasses.is_dataclass(cls):
+        return typing.get_type_hints(cls)
+    return {}
+
+
+def _did_you_mean(loc: tuple) -> str:
+    """For an unknown key: the known key at the same place it most resembles, if any."""
+    import difflib
+    import typing
+
+    cls = Recipe
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        cls = _keys_of(cls).get(part)
+        while typing.get_origin(cls) is not None:  # list[X], X | None -> X
+            cls = next((a for a in typing.get_args(cls) if a is not type(None)), None)
+    close = difflib.get_close_matches(str(loc[-1]), list(_keys_of(cls)), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def load_recipe(path: str, overrides: dict | None = None, *, check_inputs: bool = True) -> Recipe:
     """Read and validate a recipe file; `overrides` ({"rl.0.steps": 2}) replace values first.
     `check_inputs` also checks that every input file exists (the pipeline always does)."""
@@ -211,8 +239,8 @@ def load_recipe(path: str, overrides: dict | None = None, *, check_inputs: bool 
     try:
         recipe = Recipe.model_validate(raw)
     except ValidationError as e:
-        problems = [f"{_where(err['loc'])}: " + ("unknown key" if err["type"] in _UNKNOWN else err["msg"])
-                    for err in e.errors()]
+        problems = [f"{_where(err['loc'])}: " + (f"unknown key{_did_you_mean(err['loc'])}" if err["type"] in _UNKNOWN
+                                                  else err["msg"]) for err in e.errors()]
         raise ConfigError(f"{path}: " + "; ".join(problems)) from None
     for where, uri in _input_files(recipe) if check_inputs else ():
         try:

@@ -59,6 +59,8 @@ def executor_env(flavour: str) -> dict[str, str]:
         "LANG": "C.UTF-8",
         "PYTHONIOENCODING": "utf-8",
         "PYTHONDONTWRITEBYTECODE": "1",
+        # compiling model code warns about its escapes on the executor's stderr, i.e. the service's log
+        "PYTHONWARNINGS": "ignore::SyntaxWarning",
         "PYTHONPATH": _PROJECT_ROOT,
         "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
         # A call's working directory is its cwd; relative paths resolve there for every call.

@@ -110,3 +110,12 @@ def test_a_truncated_input_file_fails_the_recipe_check_naming_it(tmp_path):
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     with pytest.raises(ConfigError, match=r"bad\.jsonl is not readable \(JSONDecodeError"):
         load_recipe("configs/tiny.yaml", {"train_problems": {"files": [str(tmp_path / "bad.jsonl")]}})
+
+
+def test_an_unknown_key_suggests_the_key_it_resembles():
+    with pytest.raises(ConfigError, match=r"rl\.2\.stepz: unknown key \(did you mean 'steps'\?\)"):
+        load_recipe("configs/tiny.yaml", {"rl.2.stepz": 3})
+    with pytest.raises(ConfigError, match=r"sft\.train\.epocs: unknown key \(did you mean 'epochs'\?\)"):
+        load_recipe("configs/tiny.yaml", {"sft.train.epocs": 3})
+    with pytest.raises(ConfigError, match=r"zzz: unknown key$"):
+        load_recipe("configs/tiny.yaml", {"zzz": 1})

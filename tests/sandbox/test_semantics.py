@@ -121,3 +121,13 @@ def test_result_round_trip_and_tool_text():
     with pytest.raises(msgspec.ValidationError, match="results"):
         decode_results(b'{"results": [{"status": "fine"}]}')
     assert r.tool_text() == "partial\nTimeout: wall-clock limit of 1s exceeded"
+
+
+async def test_warnings_from_compiling_model_code_do_not_reach_the_services_log(capfd):
+    from rstar.sandbox.service import SandboxService
+    from tests.sandbox.conftest import small_config
+
+    async with SandboxService(small_config(uid_base=305_000)) as sb:  # its executors write to this test's stderr
+        r = await sb.run("x = 300\nx is 300")  # '"is" with a literal': a SyntaxWarning at compile time
+    assert r.ok and r.value in ("True", "False")
+    assert "SyntaxWarning" not in capfd.readouterr().err
