@@ -14,6 +14,7 @@ from prefect.artifacts import create_markdown_artifact
 from rstar.errors import retry_pointless
 from rstar.pipeline.config import Recipe
 from rstar.pipeline.launch import run_job
+from rstar.pipeline.plan import stage_names
 from rstar.pipeline.stages import Layout, outputs_exist, summary_markdown
 from rstar.tracking import mlflow_log as ml
 
@@ -34,7 +35,9 @@ def run_stage(stage: str, recipe: Recipe, inputs: dict, parent_run_id: str) -> d
         tags[f"{ml.EVALUATES}.{version}"] = name
     run_id = ml.start_run(uri, recipe.tracking.experiment, stage, parent=parent_run_id,
                           params=recipe.section(stage), tags=tags)
-    log.info("stage %s: MLflow run %s", stage, run_id)
+    names = stage_names(recipe)
+    where = f"stage {names.index(stage) + 1} of {len(names)} ({stage})" if stage in names else f"stage {stage}"
+    log.info("%s: MLflow run %s", where, run_id)
     try:
         out = run_job(stage, recipe, inputs, uri, run_id)
     except BaseException:

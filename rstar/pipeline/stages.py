@@ -14,6 +14,7 @@ import shutil
 from dataclasses import replace
 
 from rstar.pipeline.config import Recipe
+from rstar.pipeline.progress import StepClock
 from rstar.storage import atomic_write_text, dirs, filesystem, is_remote
 from rstar.tracking.digest import digest
 
@@ -79,10 +80,10 @@ def _model_output(uri: str, stage: str, metrics: dict) -> dict:
     return {"model": uri, "model_digest": digest(dirs.pull(uri)), "stage": stage, "metrics": metrics}
 
 
-def _progress(log, stage: str, step: int, total: int, metrics: dict) -> None:
+def _progress(log, stage: str, clock: StepClock, step: int, metrics: dict) -> None:
     log.metrics(step, metrics, prefix=f"{stage}/")
-    if step % 50 == 0 or step == total:
-        print(f"[{stage}] step {step}/{total} loss {metrics['loss']:.3f}", flush=True)
+    if step % 50 == 0 or step == clock.total:
+        print(f"[{stage}] {clock.where(step)}: loss {metrics['loss']:.3f}", flush=True)
 
 
 def _copy_probe(model, tokenizer, log, recipe: Recipe, *, chat: bool) -> dict:
@@ -122,8 +123,8 @@ def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
         return _model_output(uri, "base", copying)  # its model_digest is the manifest's digest
     from rstar.model.shipped import pretrain_base
 
-    model, tok, history = pretrain_base(spec, on_step=lambda s, m: _progress(log, "pretrain", s,
-                                                                             spec.pretrain_steps, m))
+    clock = StepClock(spec.pretrain_steps)
+    model, tok, history = pretrain_base(spec, on_step=lambda s, m: _progress(log, "pretrain", clock, s, m))
     copying = _copy_probe(model, tok, log, recipe, chat=False)
     return _model_output(_save(model, tok, layout.model("base")), "base",
                          {"pretrain_loss": history[-1]["loss"] if history else None,
@@ -175,8 +176,8 @@ def sft(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     log.dataset(data, "sft_chats", digest(data), context="training")
     model, tok = _load(inputs["model"])
     cfg = replace(spec.train, prompt_style=recipe.prompt_style)
-    steps = cfg.epochs * -(-len(rows) // cfg.batch_size)
-    history = train_sft(model, tok, rows, cfg, on_step=lambda s, m: _progress(log, "sft", s, steps, m))
+    clock = StepClock(cfg.epochs * -(-len(rows) // cfg.batch_size))
+    history = train_sft(model, tok, rows, cfg, on_step=lambda s, m: _progress(log, "sft", clock, s, m))
     log.curves(history, ["loss", "lr", "grad_norm"], "sft_curves.png")
     copying = _copy_probe(model, tok, log, recipe, chat=True)
     return _model_output(_save(model, tok, layout.model("sft")), "sft",
@@ -227,9 +228,11 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
     log.dataset(inputs["problems"], "rl_problems", inputs.get("problems_digest"), context="training")
     model, tok = _load(inputs["model"])
 
+    clock = StepClock(cfg.steps)
+
     def on_step(step: int, metrics: dict) -> None:
         log.metrics(step, metrics, prefix=f"{stage}/")
-        print(f"[{stage}] step {step}/{cfg.steps} accuracy {metrics['accuracy']:.3f} tool errors "
+        print(f"[{stage}] {clock.where(step)}: accuracy {metrics['accuracy']:.3f} tool errors "
               f"{metrics['tool_error_rate']:.3f} (in correct {metrics['tool_error_rate_positive']:.3f}) "
               f"length {metrics['response_len_mean']:.0f}", flush=True)
         dirs.push(ckpt_uri, os.path.join(work, "checkpoint"))  # for a remote root: a new version
