@@ -37,9 +37,18 @@ def run_job(stage: str, recipe: Recipe, inputs: dict, tracking_uri: str, run_id:
 
     ensure_ray(recipe.resources.cpus)
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED)}
-    job = ray.remote(_job).options(num_cpus=recipe.resources.cpus, num_gpus=recipe.resources.gpus, max_retries=0,
+    job = ray.remote(_job).options(num_cpus=recipe.resources.cpus, num_gpus=driver_gpus(stage, recipe), max_retries=0,
                                    runtime_env={"env_vars": env}, name=f"rstar:{stage}")
     return ray.get(job.remote(stage, recipe, inputs, tracking_uri, run_id))
+
+
+def driver_gpus(stage: str, recipe: Recipe) -> float:
+    """GPUs the stage's own Ray task holds: none for a verl stage, whose driver only launches
+    verl, which places its workers on the recipe's GPUs itself (held here, they would be
+    missing there: 56 of 64 free on an 8x8 cluster)."""
+    if recipe.engine == "verl" and stage in {s.name for s in recipe.rl}:
+        return 0
+    return recipe.resources.gpus
 
 
 def pid_file(recipe: Recipe, stage: str) -> str:

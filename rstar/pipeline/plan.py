@@ -55,13 +55,14 @@ def check_verl(overrides: list[str]):
 
 def plan(recipe: Recipe) -> list[dict]:
     """[{"name", "engine", "resources", "command"}] per stage; raises PlanError for a verl stage
-    whose command verl would refuse."""
+    whose command verl would refuse. `resources`: what the stage's Ray task holds (`cpus`,
+    `gpus`) and, for a verl stage, the workers verl places (`verl_workers`)."""
     from dataclasses import replace
 
+    from rstar.pipeline.launch import driver_gpus
     from rstar.train.verl_launcher import verl_command
 
     layout = Layout(recipe.storage_root)
-    resources = recipe.resources.model_dump()
     stages, before = [], "sft"
     for name in stage_names(recipe):
         rl = next((s for s in recipe.rl if s.name == name), None)
@@ -82,5 +83,8 @@ def plan(recipe: Recipe) -> list[dict]:
             command = cmd
         if rl is not None:
             before = name
+        resources = {"cpus": recipe.resources.cpus, "gpus": driver_gpus(name, recipe)}
+        if engine == "verl":
+            resources["verl_workers"] = {"nodes": recipe.resources.nodes, "gpus_per_node": recipe.resources.gpus}
         stages.append({"name": name, "engine": engine, "resources": resources, "command": command})
     return stages

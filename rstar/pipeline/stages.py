@@ -270,12 +270,15 @@ def _rl_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str) 
     process, the HF engine as rollout; rstar.train.verl_cpu)."""
     import contextlib
 
+    from rstar.sandbox.client import check_health
     from rstar.sandbox.process import SandboxProcess
 
     device = "gpu" if recipe.resources.gpus else "cpu"
     with contextlib.ExitStack() as stack:
         # on the CPU without a sandbox service named, one of its own for this stage (loopback only)
         sandbox_url = recipe.sandbox_url or stack.enter_context(SandboxProcess()).url
+        # a sandbox that does not answer would turn every tool call into an error and train on that
+        check_health(sandbox_url)
         return _run_verl(recipe, layout, inputs, log, cfg, work, device, sandbox_url)
 
 
@@ -304,6 +307,11 @@ def _run_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str,
     env = {**os.environ, **verl_env(device), **mlflow_env}
     if device == "cpu":
         env.pop("RAY_ADDRESS", None)  # verl on the CPU starts a Ray of its own, with its training slots
+    else:  # verl joins the Ray this stage runs on (the cluster), where its GPUs are
+        import ray
+
+        if ray.is_initialized():
+            env.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
     subprocess.run(cmd, check=True, env=env, cwd=work)  # Hydra's outputs/ land in the work directory
     actor = os.path.join(work, f"global_step_{cfg.steps}", "actor")
     merged = os.path.join(work, "hf")

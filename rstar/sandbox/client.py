@@ -23,6 +23,27 @@ from rstar.sandbox.result import (JSON_HEADERS, ExecRequest, ExecResult, Execute
                                   encode_json)
 
 
+class SandboxUnreachable(RuntimeError):
+    """The sandbox service does not answer its health check."""
+
+
+def check_health(url: str, timeout_s: float = 10.0) -> None:
+    """Raise SandboxUnreachable, naming the URL, unless the service answers /health with 200."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout_s) as resp:
+            if resp.status == 200:
+                return
+            reason = f"HTTP {resp.status}"
+    except (urllib.error.URLError, OSError) as e:
+        reason = str(getattr(e, "reason", e))
+    raise SandboxUnreachable(f"sandbox service {url} does not answer its health check ({reason}): start it "
+                             "(rstar sandbox serve) or fix sandbox_url; an RL stage without it would train "
+                             "on error responses")
+
+
 class SandboxClient:
     def __init__(self, url: str, *, batch_size: int = 64, batch_window_ms: float = 2.0,
                  max_inflight: int = 4096, retry_for_s: float = 60.0, backoff_s: float = 0.2,

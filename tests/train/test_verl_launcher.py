@@ -166,3 +166,18 @@ def test_a_fresh_verl_stage_takes_the_previous_stages_optimizer_state_unless_it_
     loaded = []
     trainer.actor_rollout_wg = SimpleNamespace(load_checkpoint=lambda path, del_local_after_load: loaded.append(path))
     assert trainer._load_checkpoint() == 0 and loaded == [previous]  # no checkpoint of its own: a fresh start
+
+
+def test_a_verl_stage_with_an_unreachable_sandbox_fails_before_verl_starts(tmp_path, monkeypatch):
+    from rstar.pipeline import stages
+    from rstar.pipeline.config import load_recipe
+    from rstar.sandbox.client import SandboxUnreachable
+    from rstar.sandbox.process import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    recipe = load_recipe("configs/tiny-verl.yaml", {"storage_root": str(tmp_path / "root"), "sandbox_url": dead})
+    launched = []
+    monkeypatch.setattr(stages, "_run_verl", lambda *a, **k: launched.append(a))
+    with pytest.raises(SandboxUnreachable, match=f"sandbox service {dead} does not answer"):
+        stages.rl(recipe, stages.Layout(recipe.storage_root), {"model": "m", "problems": "p"}, None, stage="rl1")
+    assert launched == []  # verl never started
