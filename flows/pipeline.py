@@ -66,15 +66,15 @@ def _run(recipe, config: str) -> dict:
     ml.set_tags(uri, parent, {f"rstar.{k}.model_version": v["model_version"] for k, v in outs.items()
                               if "model_version" in v})
     ml.end_run(uri, parent)
-    _where_to_look(recipe, uri, parent, outs)
+    _where_to_look(recipe, config, uri, parent, outs)
     return outs
 
 
-def _where_to_look(recipe, uri: str, parent: str, outs: dict) -> None:
+def _where_to_look(recipe, config: str, uri: str, parent: str, outs: dict) -> None:
     log = get_run_logger()
     log.info("\n%s\n\n%s\n", outs["evaluate"]["table"], "\n".join(outs["evaluate"]["verdict"]))
     log.info("storage: %s", Layout(recipe.storage_root).root)
     log.info("MLflow parent run %s; UI: mlflow ui --backend-store-uri %s", parent, uri)
     log.info("Prefect UI: prefect server start (then open http://127.0.0.1:4200)")
-    log.info("lineage of the final model: rstar lineage %s --config <recipe>", outs[recipe.rl[-1].name]["model_version"])
+    log.info("lineage of the final model: rstar lineage %s --config %s", outs[recipe.rl[-1].name]["model_version"], config)
 

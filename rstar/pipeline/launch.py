@@ -64,6 +64,9 @@ def _job(stage: str, recipe: Recipe, inputs: dict, tracking_uri: str, run_id: st
     from rstar.storage import atomic_write_text
     from rstar.tracking.mlflow_log import StageLog
 
+    from transformers.utils import logging as hf_logging
+
     torch.set_num_threads(max(1, int(recipe.resources.cpus)))
+    hf_logging.disable_progress_bar()  # a "Loading weights" / "Writing model shards" bar per checkpoint is noise
     atomic_write_text(pid_file(recipe, stage), str(os.getpid()))
     return stages.run(stage, recipe, inputs, StageLog(tracking_uri, run_id))
