@@ -1,0 +1,59 @@
+"""The cluster manifests, checked: every Kubernetes object against the API schema (strict:
+unknown fields rejected) with kubernetes-validate; the RayCluster's pod templates as the pod
+templates they are (no KubeRay schema ships offline, so its own fields are checked by name);
+the compose file's references."""
+import os
+
+import pytest
+import yaml
+
+kv = pytest.importorskip("kubernetes_validate")
+
+CLUSTER = os.path.join(os.path.dirname(__file__), "..", "..", "infra", "cluster")
+K8S = "1.37.0"
+
+
+def docs(name: str) -> list[dict]:
+    with open(os.path.join(CLUSTER, name)) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def test_the_sandbox_service_objects_pass_the_kubernetes_schema():
+    objects = docs("sandbox.yaml")
+    assert {(o["kind"], o["metadata"]["name"]) for o in objects} >= {
+        ("Deployment", "sandbox-head"), ("Deployment", "sandbox-worker"), ("Service", "sandbox-head"),
+        ("NetworkPolicy", "sandbox-callers")}
+    for o in objects:
+        kv.validate(o, K8S, strict=True)
+    service = next(o for o in objects if o["kind"] == "Service")
+    head = next(o for o in objects if o["metadata"]["name"] == "sandbox-head" and o["kind"] == "Deployment")
+    assert service["spec"]["selector"] == head["spec"]["template"]["metadata"]["labels"]  # the Service finds the head
+    # the recipes' sandbox_url names this Service and port
+    with open(os.path.join(CLUSTER, "..", "..", "configs", "qwen3-14b.yaml")) as f:
+        assert yaml.safe_load(f)["sandbox_url"] == f"http://sandbox-head:{service['spec']['ports'][0]['port']}"
+
+
+def test_the_rayclusters_pod_templates_are_valid_pod_templates():
+    (cluster,) = docs("raycluster.yaml")
+    assert cluster["kind"] == "RayCluster" and set(cluster["spec"]) <= {"rayVersion", "headGroupSpec", "workerGroupSpecs"}
+    groups = [cluster["spec"]["headGroupSpec"], *cluster["spec"]["workerGroupSpecs"]]
+    for group in groups:
+        kv.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "check"},
+                     "template": group["template"]}, K8S, strict=True)
+    gpus = [g["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu", 0)
+            for g in cluster["spec"]["workerGroupSpecs"]]
+    with open(os.path.join(CLUSTER, "..", "..", "configs", "qwen3-14b.yaml")) as f:
+        resources = yaml.safe_load(f)["resources"]
+    assert gpus == [resources["gpus"]] and cluster["spec"]["workerGroupSpecs"][0]["replicas"] == resources["nodes"]
+
+
+def test_the_compose_files_references_resolve():
+    (compose,) = docs("services.compose.yaml")
+    services = compose["services"]
+    for name, svc in services.items():
+        for dep in svc.get("depends_on", []):
+            assert dep in services, f"{name} depends on unknown service {dep}"
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            if not source.startswith((".", "/")):
+                assert source in compose.get("volumes", {}), f"{name} mounts undeclared volume {source}"
