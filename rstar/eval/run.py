@@ -4,6 +4,7 @@ reasons per benchmark; every sample kept as a trajectories-schema row."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
@@ -106,9 +107,12 @@ def summarize_eval(records: list[dict], problems: dict[str, dict], k: int) -> di
                 return majority_vote(answers, p["answer"], lambda a, b: a == b)
             return majority_vote(answers, p["answer"], verify)
 
+        per_question = [avg_pass_at_1([r["correct"] for r in by_problem[p]]) for p in pids]
         out[bench] = {
             "questions": len(pids), "samples": len(rows),
-            "avg_pass@1": statistics.fmean(avg_pass_at_1([r["correct"] for r in by_problem[p]]) for p in pids),
+            "avg_pass@1": statistics.fmean(per_question),
+            # its standard error over questions (the samples of one question are not independent)
+            "avg_pass@1_se": statistics.stdev(per_question) / math.sqrt(len(pids)) if len(pids) > 1 else 0.0,
             f"pass@{k}": statistics.fmean(pass_at_k(len(by_problem[p]), sum(r["correct"] for r in by_problem[p]),
                                                     min(k, len(by_problem[p]))) for p in pids),
             f"maj@{k}": statistics.fmean(maj(p) for p in pids),
@@ -122,9 +126,31 @@ def summarize_eval(records: list[dict], problems: dict[str, dict], k: int) -> di
     return out
 
 
+def overall_accuracy(summary: dict) -> float:
+    """avg pass@1 over every benchmark of one checkpoint's evaluation, each question weighing the same."""
+    n = sum(m["questions"] for m in summary.values())
+    return sum(m["avg_pass@1"] * m["questions"] for m in summary.values()) / n
+
+
+def overall_interval(summary: dict) -> tuple[float, float]:
+    """A 95% interval for `overall_accuracy` (normal, from the benchmarks' standard errors over questions)."""
+    n = sum(m["questions"] for m in summary.values())
+    se = math.sqrt(sum((m["questions"] / n) ** 2 * m.get("avg_pass@1_se", 0.0) ** 2 for m in summary.values()))
+    mean = overall_accuracy(summary)
+    return max(0.0, mean - 1.96 * se), min(1.0, mean + 1.96 * se)
+
+
 def markdown_table(summaries: dict[str, dict], k: int) -> str:
-    """Models (or stages) side by side: rows are benchmarks, a column pair per model."""
+    """One overall score per model (or stage) with its sample size and 95% interval, then the
+    benchmarks side by side (a column triple per model) and a key to the columns."""
     names = list(summaries)
+    overall = ["| checkpoint | avg@1, all questions | 95% interval | questions x samples |", "|---|---|---|---|"]
+    for n in names:
+        lo, hi = overall_interval(summaries[n])
+        questions = sum(m["questions"] for m in summaries[n].values())
+        samples = sum(m["samples"] for m in summaries[n].values())
+        overall.append(f"| {n} | **{overall_accuracy(summaries[n]):.3f}** | {lo:.3f}-{hi:.3f} | "
+                       f"{questions} x {samples // max(questions, 1)} |")
     benches = sorted({b for s in summaries.values() for b in s})
     head = "| benchmark | " + " | ".join(f"{n} avg@1 | {n} pass@{k} | {n} len" for n in names) + " |"
     lines = [head, "|---|" + "---|---|---|" * len(names)]
@@ -135,4 +161,7 @@ def markdown_table(summaries: dict[str, dict], k: int) -> str:
             cells += [f"{s['avg_pass@1']:.3f}", f"{s[f'pass@{k}']:.3f}", f"{s['response_len_mean']:.0f}"] if s \
                 else ["", "", ""]
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    key = (f"avg@1: per question, the fraction of its {k} samples that are correct, averaged over questions; "
+           f"pass@{k}: questions solved by at least one of {k} samples (unbiased estimate); len: mean response "
+           "tokens.")
+    return "\n".join([*overall, "", *lines, "", key])

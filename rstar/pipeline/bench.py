@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from rstar.benchreport import publish
 from rstar.pipeline.config import load_recipe
-from rstar.pipeline.verdict import overall_accuracy
+from rstar.eval.run import overall_accuracy
 from rstar.storage import atomic_write_text
 from rstar.tracking import mlflow_log as ml
 

@@ -12,18 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rstar.eval.run import overall_accuracy
+
 
 @dataclass
 class Expect:
     __pydantic_config__ = {"extra": "forbid"}  # a recipe (rstar.pipeline.config) may not add unknown keys
     first_stage_gain: float = 0.0  # held-out accuracy the first RL stage must add to SFT's
     final_gain: float = 0.0        # ... and the last RL stage
-
-
-def overall_accuracy(summary: dict) -> float:
-    """avg pass@1 over every benchmark of one checkpoint's evaluation, each question weighing the same."""
-    n = sum(m["questions"] for m in summary.values())
-    return sum(m["avg_pass@1"] * m["questions"] for m in summary.values()) / n
 
 
 def verdict(summaries: dict[str, dict], expect: Expect, copying: dict[str, dict] | None = None) -> tuple[bool, list[str]]:

@@ -78,3 +78,20 @@ def test_gpqa_shuffling_and_letters(tmp_path):
         assert f"({letter}) yes" in text
     assert [extract_letter(a) for a in ("B", "(C)", "D.", "A) yes", "\\text{B}", "E", "BC", None, "the answer")] \
         == ["B", "C", "D", "A", "B", None, None, None, None]
+
+
+def test_the_report_leads_with_one_overall_score_per_checkpoint_with_its_interval():
+    from rstar.eval.run import markdown_table, overall_accuracy, overall_interval
+
+    summaries = {"sft": {"a": {"questions": 40, "samples": 160, "avg_pass@1": 0.25, "avg_pass@1_se": 0.05,
+                               "pass@4": 0.5, "response_len_mean": 80},
+                         "b": {"questions": 20, "samples": 80, "avg_pass@1": 0.10, "avg_pass@1_se": 0.04,
+                               "pass@4": 0.2, "response_len_mean": 70}}}
+    assert overall_accuracy(summaries["sft"]) == pytest.approx(0.2)  # questions weigh the same: (40*.25+20*.1)/60
+    lo, hi = overall_interval(summaries["sft"])
+    se = ((40 / 60 * 0.05) ** 2 + (20 / 60 * 0.04) ** 2) ** 0.5
+    assert (lo, hi) == (pytest.approx(0.2 - 1.96 * se), pytest.approx(0.2 + 1.96 * se))
+    table = markdown_table(summaries, 4)
+    first = table.splitlines()[2]
+    assert first.startswith("| sft | **0.200** |") and "60 x 4" in first
+    assert "pass@4: questions solved by at least one of 4 samples" in table

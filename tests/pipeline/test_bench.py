@@ -1,6 +1,6 @@
 """The recipe benchmark's arithmetic and its ablation plot."""
 from rstar.pipeline.bench import ablation_table, end_window, per_step, plot_ablation, pooled_error_rate
-from rstar.pipeline.verdict import overall_accuracy
+from rstar.eval.run import overall_accuracy
 
 
 def _step(step, calls, errors, accuracy=0.5, kept_calls=0, kept_errors=0):

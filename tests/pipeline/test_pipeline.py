@@ -11,7 +11,7 @@ from rstar.data.io import read_table
 from rstar.data.schema import schema
 from rstar.pipeline.bench import pipeline_report
 from rstar.pipeline.config import load_recipe
-from rstar.pipeline.verdict import overall_accuracy
+from rstar.eval.run import overall_accuracy
 from rstar.storage import filesystem
 from rstar.tracking import mlflow_log as ml
 from rstar.tracking.lineage import lineage
