@@ -27,7 +27,7 @@ class SandboxConfig:
     warm_modules: tuple[str, ...] = ("numpy", "sympy")
     # Code importing any of these goes to a warm executor (the rest is cheaper to fork from a lean one).
     warm_routes: tuple[str, ...] = ("numpy", "sympy", "mpmath", "scipy", "networkx")
-    uid_base: int = 200_000          # calls run as uid_base + k; give each node on one host its own range
+    uid_base: int = 200_000          # calls run as uids from here up; each service on a host leases its own block (rstar.sandbox.uids)
     workdir_mb: int = 512            # tmpfs holding the calls' private working directories
     isolation: str = "auto"          # "strict": refuse to start without full isolation; "auto": warn and degrade
     max_attempts: int = 3            # a call whose executor or node dies is retried this many times in all

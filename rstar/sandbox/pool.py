@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from rstar.sandbox.config import SandboxConfig
 from rstar.sandbox.executor import FrameReader, frame
 from rstar.sandbox.result import ExecRequest, ExecResult, Status
+from rstar.sandbox.uids import UidRange
 
 log = logging.getLogger(__name__)
 _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([A-Za-z_]\w*)|import[ \t]+([A-Za-z_][\w \t,.]*))", re.MULTILINE)
@@ -166,6 +167,7 @@ class ExecutorPool:
         self._alive: dict[str, asyncio.Event] = {}
         self._ids = 0
         self._closing = False
+        self._uids: UidRange | None = None
         self.retried = 0
 
     @property
@@ -181,7 +183,9 @@ class ExecutorPool:
         return sorted({w for hs in self.executors.values() for h in hs for w in h.hello.get("warnings", [])})
 
     async def start(self) -> "ExecutorPool":
-        uid = self.cfg.uid_base
+        executors = max(1, self.cfg.lean_executors) + max(1, self.cfg.warm_executors)
+        self._uids = UidRange.lease(self.cfg.uid_base, executors * self.cfg.slots_per_executor)
+        uid = self._uids.start
         for flavour, count in (("lean", self.cfg.lean_executors), ("warm", self.cfg.warm_executors)):
             for i in range(max(1, count)):
                 self.executors[flavour].append(ExecutorHandle(flavour, i, uid, self.cfg))
@@ -202,6 +206,8 @@ class ExecutorPool:
     async def close(self) -> None:
         self._closing = True
         await asyncio.gather(*(h.stop() for hs in self.executors.values() for h in hs))
+        if self._uids:
+            self._uids.release()  # after the executors (and their calls) are gone
 
     async def _on_lost(self, handle: ExecutorHandle) -> None:
         if self._closing:

@@ -131,3 +131,23 @@ async def test_all_attacks_at_once(sandbox, still_healthy, no_leftovers, tmp_pat
     codes = [a.code.format(port=9, path=str(tmp_path / "x")) for a in ATTACKS]
     results = await sandbox.run_many([ExecRequest(c, timeout_s=4) for c in codes])
     assert [r.status in a.expect for a, r in zip(ATTACKS, results)] == [True] * len(ATTACKS)
+
+
+async def test_two_services_on_one_host_take_their_own_uids_and_spare_each_others_calls(still_healthy):
+    """Both configured with the same uid_base: the second leases the next block, so the first's
+    clean-up (which kills every process of a call's uid) cannot touch the second's calls."""
+    import asyncio
+
+    from rstar.sandbox.service import SandboxService
+    from tests.sandbox.conftest import small_config
+
+    cfg = small_config(uid_base=420_000)
+    async with SandboxService(cfg) as first, SandboxService(cfg) as second:
+        starts = [{h.uid_start for hs in s.nodes[0].pool.executors.values() for h in hs} for s in (first, second)]
+        assert not starts[0] & starts[1] and min(starts[1]) >= 421_000
+        slow = asyncio.ensure_future(second.run("import os, time\ntime.sleep(1.5)\nos.getuid()", timeout_s=10))
+        await asyncio.sleep(0.3)
+        results = await asyncio.gather(*(first.run("import os\nos.getuid()") for _ in range(12)))
+        assert all(r.ok for r in results)
+        r = await slow
+    assert r.ok and int(r.value) >= 421_000, (r.status, r.reason)
