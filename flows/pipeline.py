@@ -31,9 +31,14 @@ def pipeline(config: str = "configs/tiny.yaml", overrides: dict | None = None) -
 def _run(recipe, config: str) -> dict:
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)
     ml.check_reachable(uri)
+    root = Layout(recipe.storage_root).root
+    stale = ml.fail_stale_runs(uri, recipe.tracking.experiment, root)  # we hold the root: none of them is live
+    if stale:
+        get_run_logger().warning("marked %d MLflow run(s) left RUNNING by a killed run on %s as FAILED", len(stale), root)
     parent = ml.start_run(uri, recipe.tracking.experiment, f"pipeline:{recipe.name}",
                           params=recipe.model_dump(mode="json"),
-                          tags={ml.PIPELINE: "root", "rstar.recipe_digest": recipe.digest(), "rstar.config": config})
+                          tags={ml.PIPELINE: "root", "rstar.recipe_digest": recipe.digest(), "rstar.config": config,
+                                ml.ROOT: root})
     try:
         outs: dict[str, dict] = {}
 

@@ -87,6 +87,28 @@ def start_run(tracking_uri: str, experiment: str, name: str, *, parent: str | No
     return run_id
 
 
+ROOT = "rstar.storage_root"
+
+
+def fail_stale_runs(tracking_uri: str, experiment: str, root: str) -> list[str]:
+    """Runs of pipelines on `root` still RUNNING, and their stage runs: a killed process left them
+    so (its clean-up never ran). Called by a run that holds `root`'s lock, so none is live.
+    Marks them FAILED, tagged `rstar.reconciled`; returns their ids."""
+    c = client(tracking_uri)
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    stale = c.search_runs([exp.experiment_id], f"attributes.status = 'RUNNING' and tags.`{ROOT}` = '{root}'")
+    ids = [r.info.run_id for r in stale]
+    for parent in list(ids):
+        ids += [r.info.run_id for r in c.search_runs([exp.experiment_id], f"attributes.status = 'RUNNING' and "
+                                                     f"tags.`mlflow.parentRunId` = '{parent}'")]
+    for run_id in ids:
+        c.set_tag(run_id, "rstar.reconciled", "left RUNNING by a process that died; marked FAILED by a later run")
+        c.set_terminated(run_id, "FAILED")
+    return ids
+
+
 def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(tracking_uri).set_terminated(run_id, status)
 

@@ -128,3 +128,18 @@ def test_an_error_retrying_cannot_fix_is_not_retried(prefect_api, tmp_path):
     runs = ml.client(uri).search_runs([ml.client(uri).get_experiment_by_name("rstar-tiny").experiment_id],
                                       filter_string=f"tags.`{ml.STAGE}` = 'base'")
     assert len(runs) == 1  # one attempt
+
+
+def test_runs_left_running_by_a_killed_pipeline_are_marked_failed_by_the_next(tmp_path):
+    from rstar.tracking import mlflow_log as ml
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    root, other = str(tmp_path / "root"), str(tmp_path / "other")
+    parent = ml.start_run(uri, "exp", "pipeline:tiny", tags={ml.ROOT: root})   # killed: never ended
+    stage = ml.start_run(uri, "exp", "rl1", parent=parent)
+    elsewhere = ml.start_run(uri, "exp", "pipeline:tiny", tags={ml.ROOT: other})  # another root's: not ours
+    assert sorted(ml.fail_stale_runs(uri, "exp", root)) == sorted([parent, stage])
+    c = ml.client(uri)
+    assert [c.get_run(r).info.status for r in (parent, stage, elsewhere)] == ["FAILED", "FAILED", "RUNNING"]
+    assert "marked FAILED" in c.get_run(parent).data.tags["rstar.reconciled"]
+    assert ml.fail_stale_runs(uri, "exp", root) == []
