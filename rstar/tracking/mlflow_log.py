@@ -50,10 +50,26 @@ def check_reachable(tracking_uri: str, timeout_s: float = 5.0) -> None:
                                   "(infra/start-local-stack.sh) or set tracking.tracking_uri") from None
 
 
+_initialised: set[str] = set()
+
+
 def client(tracking_uri: str):
     from mlflow import MlflowClient
 
-    return MlflowClient(tracking_uri=absolute_uri(tracking_uri), registry_uri=absolute_uri(tracking_uri))
+    uri = absolute_uri(tracking_uri)
+    if not uri.startswith("sqlite:///") or uri in _initialised:
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    # MLflow creates and migrates a SQLite store on first use; two processes doing that at once
+    # corrupt it (a double-clicked Run on a fresh store). A process's first use goes under a lock.
+    import fcntl
+
+    with open(uri[len("sqlite:///"):] + ".init-lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        c = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        c.search_experiments(max_results=1)
+        c.search_registered_models(max_results=1)
+    _initialised.add(uri)
+    return c
 
 
 def _key(name: str) -> str:

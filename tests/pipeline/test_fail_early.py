@@ -143,3 +143,18 @@ def test_runs_left_running_by_a_killed_pipeline_are_marked_failed_by_the_next(tm
     assert [c.get_run(r).info.status for r in (parent, stage, elsewhere)] == ["FAILED", "FAILED", "RUNNING"]
     assert "marked FAILED" in c.get_run(parent).data.tags["rstar.reconciled"]
     assert ml.fail_stale_runs(uri, "exp", root) == []
+
+
+def test_concurrent_first_uses_of_a_fresh_sqlite_store_do_not_corrupt_it(tmp_path):
+    """Two runs' first start_run on a fresh store died in MLflow's migration 3 times in 3."""
+    uri = f"sqlite:///{tmp_path}/fresh.db"
+    code = ("import sys\nfrom rstar.tracking import mlflow_log as ml\n"
+            f"print(ml.start_run({uri!r}, 'exp', sys.argv[1]))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, f"run{i}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-800:] for _, e in outs]
+    from rstar.tracking import mlflow_log as ml
+
+    runs = ml.client(uri).search_runs([ml.client(uri).get_experiment_by_name("exp").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["run0", "run1", "run2"]
