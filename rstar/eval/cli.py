@@ -27,6 +27,13 @@ def eval_command(
     from rstar.eval.run import EvalConfig, evaluate_model, markdown_table
 
     console = Console()
+    for spec in model:  # every model first, so a typo fails in a second, not after the benchmarks load
+        name, _, path = spec.partition("=")
+        if not name or not path:
+            raise typer.BadParameter(f"{spec!r}: expected NAME=DIR", param_hint="--model")
+        if not (os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json"))):
+            raise typer.BadParameter(f"{name}: {path} is not a model directory (no config.json there)",
+                                     param_hint="--model")
     problems = []
     for spec in bench:
         name, _, source = spec.partition("=")

@@ -74,3 +74,14 @@ def test_eval_command_compares_checkpoints(tiny_dir, tmp_path):
     assert "<th>rl1 avg pass@1</th>" in (out / "report.html").read_text()
     for png in ("accuracy.png", "length.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_eval_names_a_missing_model_before_loading_anything(tmp_path):
+    from typer.testing import CliRunner
+
+    from rstar.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "--model", f"x={tmp_path}/nowhere", "--bench", "aime24",
+                                      "--out", str(tmp_path / "out")])
+    text = " ".join(result.output.replace("│", " ").split())  # rich wraps the message in a box
+    assert result.exit_code == 2 and "is not a model directory" in text and "Traceback" not in text
