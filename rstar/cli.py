@@ -92,8 +92,9 @@ def pipeline_plan(config: str = typer.Option("configs/tiny.yaml", help="The reci
     for s in stages:
         r = s["resources"]
         workers = r.get("verl_workers")
-        print(f"{s['name']:<10} {s['engine']:<6} driver: cpus {r['cpus']:g}, gpus {r['gpus']:g}"
-              + (f"; verl workers: {workers['nodes']} node(s) x {workers['gpus_per_node']:g} GPU(s)" if workers else ""))
+        print(f"{s['name']:<10} {s['engine']:<13} driver: cpus {r['cpus']:g}, gpus {r['gpus']:g}"
+              + (f"; verl workers: {workers['nodes']} node(s) x {workers['gpus_per_node']:g} GPU(s)" if workers else "")
+              + (f"; {r['replicas']} engine replicas" if "replicas" in r else ""))
         if s["command"]:
             print("    " + shlex.join(s["command"]))
 

@@ -64,25 +64,19 @@ async def evaluate(loop: AgentLoop, problems: list[dict], cfg: EvalConfig, *, st
 
 
 def evaluate_model(model_dir: str, problems: list[dict], cfg: EvalConfig, *, prompt_style: str = "paper",
-                   name: str = "model", progress: Callable[[int], None] | None = None) -> tuple[list[dict], dict]:
-    """`evaluate` for a Hugging Face checkpoint directory: local engine, in-process sandbox."""
+                   name: str = "model", progress: Callable[[int], None] | None = None, replicas: int = 0,
+                   kind: str = "hf", sandbox_url: str | None = None) -> tuple[list[dict], dict]:
+    """`evaluate` for a Hugging Face checkpoint directory: the local engine and an in-process
+    sandbox, or `replicas` engine replicas and a sandbox service (rstar.rollout.open)."""
     import asyncio
 
-    from transformers import AutoTokenizer
-
     from rstar.agent.loop import LoopConfig
-    from rstar.rollout.hf_engine import HFEngine
-    from rstar.sandbox.service import embedded_sandbox
+    from rstar.rollout.open import open_agent_loop
 
     async def run() -> tuple[list[dict], dict]:
-        engine = HFEngine.from_pretrained(model_dir, seed=cfg.seed, max_batch=64)
-        try:
-            async with embedded_sandbox() as sb:
-                loop = AgentLoop(engine, AutoTokenizer.from_pretrained(model_dir), sb,
-                                 LoopConfig(prompt_style=prompt_style))
-                return await evaluate(loop, problems, cfg, stage=f"eval/{name}", progress=progress)
-        finally:
-            await engine.close()
+        async with open_agent_loop(model_dir, LoopConfig(prompt_style=prompt_style), replicas=replicas, kind=kind,
+                                   seed=cfg.seed, sandbox_url=sandbox_url) as loop:
+            return await evaluate(loop, problems, cfg, stage=f"eval/{name}", progress=progress)
 
     records, summary = asyncio.run(run())
     return [{k: v for k, v in r.items() if k != "correct"} for r in records], summary

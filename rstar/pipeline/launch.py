@@ -45,9 +45,10 @@ def run_job(stage: str, recipe: Recipe, inputs: dict, tracking_uri: str, run_id:
 def driver_gpus(stage: str, recipe: Recipe) -> float:
     """GPUs the stage's own Ray task holds: none for a verl stage, whose driver only launches
     verl, which places its workers on the recipe's GPUs itself (held here, they would be
-    missing there: 56 of 64 free on an 8x8 cluster)."""
-    if recipe.engine == "verl" and stage in {s.name for s in recipe.rl}:
-        return 0
+    missing there: 56 of 64 free on an 8x8 cluster); none for mining and evaluation, whose
+    engine replicas hold them."""
+    if recipe.engine == "verl" and stage in {s.name for s in recipe.rl} | {"mine", "evaluate"}:
+        return 0  # mining and evaluation serve the model from engine replicas (stages.serving)
     return recipe.resources.gpus
 
 

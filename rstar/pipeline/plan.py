@@ -60,6 +60,7 @@ def plan(recipe: Recipe) -> list[dict]:
     from dataclasses import replace
 
     from rstar.pipeline.launch import driver_gpus
+    from rstar.pipeline.stages import serving
     from rstar.train.verl_launcher import verl_command
 
     layout = Layout(recipe.storage_root)
@@ -84,6 +85,10 @@ def plan(recipe: Recipe) -> list[dict]:
         if rl is not None:
             before = name
         resources = {"cpus": recipe.resources.cpus, "gpus": driver_gpus(name, recipe)}
+        served = serving(recipe) if name in ("mine", "evaluate") else {}
+        if served:  # the model in engine replicas (Ray actors), not in the stage's process
+            engine = f"{served['kind']}-replicas"
+            resources["replicas"] = served["replicas"]
         if engine == "verl":
             resources["verl_workers"] = {"nodes": recipe.resources.nodes, "gpus_per_node": recipe.resources.gpus}
         stages.append({"name": name, "engine": engine, "resources": resources, "command": command})

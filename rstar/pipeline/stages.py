@@ -323,29 +323,35 @@ def _run_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str,
     return _model_output(final, cfg.name, {})
 
 
+def serving(recipe: Recipe) -> dict:
+    """How a sampling stage (mining, evaluation) serves its model: in this process for the
+    embedded recipe; with `engine: verl`, as engine replicas behind the balanced scheduler
+    (vLLM, one per GPU of the recipe's nodes; on the CPU, two HF replicas) and the recipe's
+    sandbox service (rstar.rollout.open)."""
+    if recipe.engine != "verl":
+        return {}
+    if recipe.resources.gpus:
+        return {"replicas": int(recipe.resources.gpus) * recipe.resources.nodes, "kind": "vllm",
+                "sandbox_url": recipe.sandbox_url}
+    return {"replicas": 2, "kind": "hf", "sandbox_url": recipe.sandbox_url}
+
+
 def mine(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     """Problems the given policy does not solve k/k: the training set of the last stage."""
-    from rstar.agent.loop import AgentLoop, LoopConfig
+    from rstar.agent.loop import LoopConfig
     from rstar.data.io import read_table, write_json, write_table
     from rstar.data.mine import mine_hard
-    from rstar.rollout.hf_engine import HFEngine
+    from rstar.rollout.open import open_agent_loop
     from rstar.rollout.runner import rollout
-    from rstar.sandbox.service import embedded_sandbox
 
     spec = recipe.mine
     rows = read_table(inputs["problems"], "problems").to_pylist()[: spec.problems]
-    model, tok = _load(inputs["model"])
+    loop_cfg = LoopConfig(max_turns=spec.max_turns, max_response_tokens=spec.max_response_tokens,
+                          temperature=spec.temperature, prompt_style=recipe.prompt_style)
 
     async def main():
-        engine = HFEngine(model, max_batch=64)
-        async with embedded_sandbox() as sb:
-            loop = AgentLoop(engine, tok, sb, LoopConfig(max_turns=spec.max_turns,
-                                                         max_response_tokens=spec.max_response_tokens,
-                                                         temperature=spec.temperature,
-                                                         prompt_style=recipe.prompt_style))
-            records = await rollout(loop, rows, spec.k, stage="mine")
-        await engine.close()
-        return records
+        async with open_agent_loop(dirs.pull(inputs["model"]), loop_cfg, **serving(recipe)) as loop:
+            return await rollout(loop, rows, spec.k, stage="mine")
 
     hard, report = mine_hard(rows, asyncio.run(main()), k=spec.k)
     path = write_table(hard, layout.dataset("hard_problems"), "hard_problems")
@@ -367,7 +373,7 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     summaries = {}
     for name, uri in inputs["models"].items():
         records, summaries[name] = evaluate_model(dirs.pull(uri), problems_, recipe.eval,
-                                                  prompt_style=recipe.prompt_style, name=name)
+                                                  prompt_style=recipe.prompt_style, name=name, **serving(recipe))
         write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
     write_json(summaries, f"{out_dir}/summary.json")
     # The recipe's verdict when these are its checkpoints (SFT, then RL stages), not a re-evaluation's pick

@@ -83,21 +83,14 @@ def consistency_sampler(model_dir: str, k: int, *, max_response_tokens: int = 10
                         temperature: float = 1.0, seed: int = 0):
     """An `AnswerSampler` for curation's consistency filter: k rollouts of each problem by the
     model in `model_dir` (local engine, in-process sandbox), returning their final answers."""
-    from transformers import AutoTokenizer
-
     from rstar.agent.loop import LoopConfig
-    from rstar.rollout.hf_engine import HFEngine
-    from rstar.sandbox.service import embedded_sandbox
+    from rstar.rollout.open import open_agent_loop
 
     def sample(problems: list[dict]) -> list[list[str | None]]:
         async def main() -> list[dict]:
-            engine = HFEngine.from_pretrained(model_dir, seed=seed)
             loop_cfg = LoopConfig(max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature)
-            async with embedded_sandbox() as sb:
-                loop = AgentLoop(engine, AutoTokenizer.from_pretrained(model_dir), sb, loop_cfg)
-                records = await rollout(loop, problems, k, stage="consistency")
-            await engine.close()
-            return records
+            async with open_agent_loop(model_dir, loop_cfg, seed=seed) as loop:
+                return await rollout(loop, problems, k, stage="consistency")
 
         answers: dict[str, list[str | None]] = {}
         for r in asyncio.run(main()):

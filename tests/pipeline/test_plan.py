@@ -30,6 +30,10 @@ def test_the_14b_plan_lists_every_stage_and_verl_accepts_every_rl_command():
         assert cfg.trainer.experiment_name == s["name"]
         # the stage's driver holds no GPU: verl places its own workers on all 64
         assert s["resources"]["gpus"] == 0 and s["resources"]["verl_workers"] == {"nodes": 8, "gpus_per_node": 8}
+    # mining and evaluation serve the 14B model from 64 vLLM replicas, their drivers hold no GPU
+    served = {s["name"]: s for s in stages if s["name"] in ("mine", "evaluate")}
+    assert all(s["engine"] == "vllm-replicas" and s["resources"]["replicas"] == 64 and s["resources"]["gpus"] == 0
+               for s in served.values())
     # each stage starts from the model of the stage before it
     layout = Layout(load_recipe("configs/qwen3-14b.yaml", check_inputs=False).storage_root)
     models = [check_verl(s["command"][3:]).actor_rollout_ref.model.path for s in verl]

@@ -33,3 +33,16 @@ async def test_killing_a_replica_actor_mid_run_loses_nothing(local_ray, tiny_dir
     # greedy decoding: a re-queued request gives what it would have given anywhere
     again = await sched.generate("check/1", prompts["r3/1"], params)
     assert again.token_ids == results[3].token_ids
+
+
+def test_evaluation_through_engine_replicas_behind_the_balanced_scheduler(local_ray, tiny_dir):
+    """The cluster path of mining and evaluation (stages.serving), on the CPU: the model served
+    by HF engine replicas as Ray actors, never loaded in the calling process."""
+    from rstar.data import synth
+    from rstar.eval.run import EvalConfig, evaluate_model
+
+    problems = synth.generate(3, seed=2, levels=(1,))
+    records, summary = evaluate_model(tiny_dir, problems, EvalConfig(k=2, max_response_tokens=16, max_turns=1),
+                                      replicas=2, kind="hf")
+    assert len(records) == 6 and {r["problem_id"] for r in records} == {p["id"] for p in problems}
+    assert sum(m["samples"] for m in summary.values()) == 6
