@@ -43,6 +43,7 @@ def pipeline_run(config: str = typer.Option("configs/tiny.yaml", help="The recip
     """Run the whole recipe: base, problems, SFT, RL stages, mining, evaluation."""
     import json
 
+    import flows  # noqa: F401 - Prefect's environment and logging first: importing verl (below) configures the root logger
     from rstar.pipeline.config import ConfigError, load_recipe
     from rstar.pipeline.stages import Layout
     from rstar.storage.lock import RootBusy, hold_root
