@@ -169,11 +169,14 @@ class Recipe(_Strict):
         """The part of the recipe a stage's result depends on (with its inputs' digests, its
         cache key): editing the evaluation protocol does not re-run SFT."""
         dump = self.model_dump(mode="json")
+        # the engine too where it runs the stage (verl or the local trainer; replicas or in process):
+        # switching it must not serve the other engine's result from cache
         parts = {"base": ["base"], "problems": ["train_problems", "eval_problems"], "sft": ["sft", "prompt_style"],
-                 "mine": ["mine", "prompt_style"], "evaluate": ["eval", "expect", "prompt_style"]}
+                 "mine": ["mine", "prompt_style", "engine"], "evaluate": ["eval", "expect", "prompt_style", "engine"]}
         if stage in parts:
             return {k: dump[k] for k in parts[stage]}
-        return {"rl": next(s for s in dump["rl"] if s["name"] == stage), "prompt_style": self.prompt_style}
+        return {"rl": next(s for s in dump["rl"] if s["name"] == stage), "prompt_style": self.prompt_style,
+                "engine": self.engine}
 
     def cache_key(self, stage: str, inputs: dict) -> str:
         """Names a stage's outputs: its recipe section, inputs, storage root and the code's

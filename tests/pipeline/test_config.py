@@ -119,3 +119,12 @@ def test_an_unknown_key_suggests_the_key_it_resembles():
         load_recipe("configs/tiny.yaml", {"sft.train.epocs": 3})
     with pytest.raises(ConfigError, match=r"zzz: unknown key$"):
         load_recipe("configs/tiny.yaml", {"zzz": 1})
+
+
+def test_switching_the_engine_changes_the_rl_stages_cache_key_not_sfts():
+    local = load_recipe("configs/tiny-verl.yaml", {"engine": "local"})
+    verl = load_recipe("configs/tiny-verl.yaml")
+    inputs = {"model": "m", "model_digest": "d"}
+    assert local.cache_key("sft", inputs) == verl.cache_key("sft", inputs)
+    for stage in ("rl1", "mine", "evaluate"):
+        assert local.cache_key(stage, inputs) != verl.cache_key(stage, inputs)
