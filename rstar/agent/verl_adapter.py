@@ -86,11 +86,19 @@ class RStarAgentLoop(AgentLoopBase):
             response_mask=traj.response_mask[:response_length], response_logprobs=traj.log_probs[:response_length],
             num_turns=2 * traj.turns + 1,
             # answer-only, scored here (verl then skips its reward workers): truncated -> 0
-            reward_score=score(traj.response_text, str(kwargs["reward_model"]["ground_truth"]), truncated=traj.truncated),
+            reward_score=reward_of(traj, kwargs.get("reward_model")),
             metrics=AgentLoopMetrics(generate_sequences=traj.generate_s, tool_calls=traj.tool_s),
             extra_fields={"rstar_finish_reason": traj.finish_reason, "rstar_turns": traj.turns,
                           "rstar_num_answers": traj.num_answers, "rstar_num_tool_calls": len(traj.tool_calls),
                           "rstar_num_tool_errors": traj.num_tool_errors, "rstar_truncated": traj.truncated})
+
+
+def reward_of(traj, reward_model: dict | None) -> float | None:
+    """The rollout's answer-only reward, when its row names the ground truth (else verl's reward
+    workers score it, with `compute_score`)."""
+    if not reward_model or reward_model.get("ground_truth") is None:
+        return None
+    return score(traj.response_text, str(reward_model["ground_truth"]), truncated=traj.truncated)
 
 
 class SandboxTool(BaseTool):

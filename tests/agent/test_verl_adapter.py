@@ -15,10 +15,11 @@ from rstar.sandbox.process import SandboxProcess  # noqa: E402
 
 class FakeServerManager:
     def __init__(self, tokenizer, turns):
-        self.tok, self.turns, self.calls = tokenizer, list(turns), []
+        self.tok, self.turns, self.calls, self.request_ids = tokenizer, list(turns), [], []
 
     async def generate(self, request_id, prompt_ids, sampling_params, **kw):
         self.calls.append(sampling_params)
+        self.request_ids.append(request_id)
         ids = self.tok.encode(self.turns.pop(0), add_special_tokens=False) + [self.tok.convert_tokens_to_ids(IM_END)]
         return TokenOutput(token_ids=ids, log_probs=[-0.25] * len(ids), stop_reason="completed")
 
@@ -49,8 +50,13 @@ async def test_rstar_agent_loop_in_verl(tokenizer, sandbox_url):
     loop = RStarAgentLoop(trainer_config=verl_agent.DictConfigWrap(config), server_manager=server,
                           tokenizer=tokenizer, processor=None, dataset_cls=None,
                           data_config=verl_agent.DictConfigWrap(OmegaConf.create({})))
-    out = await loop.run({"temperature": 1.0, "top_p": 1.0}, extra_info={"problem": "What is 6*7?"})
+    out = await loop.run({"temperature": 1.0, "top_p": 1.0}, extra_info={"problem": "What is 6*7?"},
+                         reward_model={"ground_truth": "42"})
     assert isinstance(out, verl_agent.AgentLoopOutput)
+    assert out.reward_score == 1.0  # scored in the loop: verl takes it as rm_scores
+    # one request id for every turn of the rollout (verl's router keeps it on one replica), log-probs asked for
+    assert len(server.request_ids) == 2 and len(set(server.request_ids)) == 1
+    assert all(c["logprobs"] is True for c in server.calls)
     assert len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs)
     assert out.extra_fields["rstar_finish_reason"] == "answered"
     assert out.extra_fields["rstar_num_tool_calls"] == 1 and out.extra_fields["rstar_num_tool_errors"] == 0
