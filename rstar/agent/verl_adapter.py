@@ -76,11 +76,10 @@ class RStarAgentLoop(AgentLoopBase):
         sandbox = await sandbox_client(rcfg["sandbox_url"])
         loop = AgentLoop(ServerManagerEngine(self.server_manager), self.tokenizer, sandbox, cfg)
         extra = kwargs.get("extra_info") or {}
-        prompt = loop.prompt_ids(extra["problem"])
-        if len(prompt) > self.rollout_config.prompt_length:  # verl pads prompts to this width and never cuts them
-            raise ValueError(f"problem {extra.get('problem_id')}: its prompt has {len(prompt)} tokens, more than "
-                             f"rollout.prompt_length={self.rollout_config.prompt_length}")
         traj = await loop.run(extra["problem"], uuid4().hex)
+        if len(traj.prompt_ids) > self.rollout_config.prompt_length:  # verl pads prompts to this width, never cuts
+            raise ValueError(f"problem {extra.get('problem_id')}: its prompt has {len(traj.prompt_ids)} tokens, more "
+                             f"than rollout.prompt_length={self.rollout_config.prompt_length}")
         return AgentLoopOutput(
             prompt_ids=traj.prompt_ids, response_ids=traj.response_ids[:response_length],
             response_mask=traj.response_mask[:response_length], response_logprobs=traj.log_probs[:response_length],

@@ -7,11 +7,10 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import uvicorn
 
+from rstar.sandbox.client import SandboxUnreachable, check_health
 from rstar.sandbox.config import SandboxConfig
 from rstar.sandbox.server import create_app
 from rstar.sandbox.service import SandboxService
@@ -52,10 +51,9 @@ class SandboxProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sandbox service exited with {self.proc.returncode} during start-up")
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as resp:
-                    if resp.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):
+                check_health(self.url, timeout_s=1.0)
+                return self
+            except SandboxUnreachable:
                 pass
             time.sleep(0.2)
         self.stop()
