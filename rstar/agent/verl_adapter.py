@@ -89,7 +89,8 @@ class RStarAgentLoop(AgentLoopBase):
             metrics=AgentLoopMetrics(generate_sequences=traj.generate_s, tool_calls=traj.tool_s),
             extra_fields={"rstar_finish_reason": traj.finish_reason, "rstar_turns": traj.turns,
                           "rstar_num_answers": traj.num_answers, "rstar_num_tool_calls": len(traj.tool_calls),
-                          "rstar_num_tool_errors": traj.num_tool_errors, "rstar_truncated": traj.truncated})
+                          "rstar_num_tool_errors": traj.num_tool_errors,
+                          "rstar_num_sandbox_failures": traj.num_sandbox_failures, "rstar_truncated": traj.truncated})
 
 
 def reward_of(traj, reward_model: dict | None) -> float | None:

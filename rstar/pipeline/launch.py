@@ -36,6 +36,11 @@ def run_job(stage: str, recipe: Recipe, inputs: dict, tracking_uri: str, run_id:
     import ray
 
     ensure_ray(recipe.resources.cpus)
+    missing = shortfall(stage, recipe, ray.nodes())
+    if missing:  # Ray would otherwise wait for it without a word, for ever
+        from rstar.errors import NotRetryable
+
+        raise NotRetryable(missing)
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED)}
     job = ray.remote(_job).options(num_cpus=recipe.resources.cpus, num_gpus=driver_gpus(stage, recipe), max_retries=0,
                                    runtime_env={"env_vars": env}, name=f"rstar:{stage}")
@@ -43,13 +48,32 @@ def run_job(stage: str, recipe: Recipe, inputs: dict, tracking_uri: str, run_id:
 
 
 def driver_gpus(stage: str, recipe: Recipe) -> float:
-    """GPUs the stage's own Ray task holds: none for a verl stage, whose driver only launches
-    verl, which places its workers on the recipe's GPUs itself (held here, they would be
-    missing there: 56 of 64 free on an 8x8 cluster); none for mining and evaluation, whose
-    engine replicas hold them."""
-    if recipe.engine == "verl" and stage in {s.name for s in recipe.rl} | {"mine", "evaluate"}:
-        return 0  # mining and evaluation serve the model from engine replicas (stages.serving)
-    return recipe.resources.gpus
+    """GPUs the stage's own Ray task holds: with `engine: verl`, none. SFT and RL drivers only
+    launch verl, which places its workers on the recipe's GPUs itself (held here, they would be
+    missing there: 56 of 64 free on an 8x8 cluster); mining and evaluation serve the model from
+    engine replicas, which hold them (stages.serving); the base is copied, the problems made,
+    on CPUs."""
+    return 0 if recipe.engine == "verl" else recipe.resources.gpus
+
+
+def shortfall(stage: str, recipe: Recipe, nodes: list[dict]) -> str | None:
+    """What the cluster (`ray.nodes()`) lacks for `stage`, in words, or None: CPUs and GPUs for
+    the stage's own task, and for a verl stage on GPUs `resources.nodes` nodes with
+    `resources.gpus` GPUs each (verl places its workers per node; mining and evaluation put one
+    engine replica on each of those GPUs)."""
+    alive = [n["Resources"] for n in nodes if n.get("Alive", True)]
+    total = {k: sum(r.get(k, 0) for r in alive) for k in ("CPU", "GPU")}
+    missing = [f"{need:g} {kind}s for its own task, the cluster has {total[kind]:g}"
+               for kind, need in (("CPU", recipe.resources.cpus), ("GPU", driver_gpus(stage, recipe)))
+               if need > total[kind]]
+    workers = stage in {"sft", "mine", "evaluate"} | {s.name for s in recipe.rl}
+    if recipe.engine == "verl" and recipe.resources.gpus and workers:
+        per_node, wanted = recipe.resources.gpus, recipe.resources.nodes
+        fit = sum(1 for r in alive if r.get("GPU", 0) >= per_node)
+        if fit < wanted:
+            missing.append(f"{wanted} nodes with {per_node:g} GPUs each for verl's workers, the cluster has {fit} "
+                           f"({total['GPU']:g} GPUs in all)")
+    return f"stage {stage} needs " + "; ".join(missing) if missing else None
 
 
 def pid_file(recipe: Recipe, stage: str) -> str:

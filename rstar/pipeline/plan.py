@@ -32,14 +32,15 @@ def stage_names(recipe: Recipe) -> list[str]:
     return names + ["evaluate"]
 
 
-def compose_verl(overrides: list[str]):
-    """verl's ppo_trainer config with `overrides`, as main_ppo composes it."""
+def compose_verl(overrides: list[str], config_name: str = "ppo_trainer"):
+    """verl's `config_name` config (ppo_trainer, sft_trainer_engine) with `overrides`, as its
+    entry point composes it."""
     import verl
     from hydra import compose, initialize_config_dir
 
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name="ppo_trainer", overrides=overrides)
+        return compose(config_name=config_name, overrides=overrides)
 
 
 def check_verl(overrides: list[str]):
@@ -53,36 +54,63 @@ def check_verl(overrides: list[str]):
     return cfg
 
 
+def check_verl_sft(overrides: list[str]):
+    """Compose verl's SFT config and build its engine, optimizer and checkpoint configs as its
+    trainer does first (the model's is built from the model itself, at run time); returns it."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = compose_verl(overrides, "sft_trainer_engine")
+    for part in ("engine", "optim", "checkpoint"):
+        omega_conf_to_dataclass(cfg[part])
+    return cfg
+
+
+def _verl_command(recipe: Recipe, layout: Layout, name: str, before: str) -> list[str] | None:
+    """The verl command stage `name` will run (None for a stage verl does not run), checked."""
+    from dataclasses import replace
+
+    from rstar.train.verl_launcher import verl_command
+    from rstar.train.verl_sft import sft_command
+
+    rl = next((s for s in recipe.rl if s.name == name), None)
+    if recipe.engine != "verl" or (rl is None and name != "sft"):
+        return None
+    work = f"{layout.work_uri(name)}/RUN"  # named at run time by the recipe and inputs (stages._work_dir)
+    device, n_gpus = "gpu" if recipe.resources.gpus else "cpu", int(recipe.resources.gpus) or 1
+    if rl is None:
+        cmd, check = sft_command(replace(recipe.sft.train, prompt_style=recipe.prompt_style),
+                                 model=dirs.local_dir(layout.model(before)), train_files=layout.dataset("sft"),
+                                 out_dir=work, n_gpus=n_gpus, nodes=recipe.resources.nodes,
+                                 experiment=recipe.tracking.experiment, device=device), check_verl_sft
+    else:
+        cmd, check = verl_command(replace(rl, prompt_style=recipe.prompt_style), model=dirs.local_dir(layout.model(before)),
+                                  train_files=f"{work}/verl_train.parquet", val_files=f"{work}/verl_val.parquet",
+                                  agent_loop_config=f"{work}/agent_loops.yaml", sandbox_url=recipe.sandbox_url,
+                                  out_dir=work, n_gpus=n_gpus, nodes=recipe.resources.nodes,
+                                  experiment=recipe.tracking.experiment, router_config=f"{work}/router.yaml",
+                                  device=device), check_verl
+    try:
+        check(cmd[3:])
+    except Exception as e:  # noqa: BLE001 - Hydra, OmegaConf and verl's asserts: say which stage
+        raise PlanError(f"stage {name}: verl refuses its config: {type(e).__name__}: {e}") from None
+    return cmd
+
+
 def plan(recipe: Recipe) -> list[dict]:
     """[{"name", "engine", "resources", "command"}] per stage; raises PlanError for a verl stage
     whose command verl would refuse. `resources`: what the stage's Ray task holds (`cpus`,
     `gpus`) and, for a verl stage, the workers verl places (`verl_workers`)."""
-    from dataclasses import replace
-
     from rstar.pipeline.launch import driver_gpus
     from rstar.pipeline.stages import serving
-    from rstar.train.verl_launcher import verl_command
 
     layout = Layout(recipe.storage_root)
-    stages, before = [], "sft"
+    stages, before = [], "base"
     for name in stage_names(recipe):
-        rl = next((s for s in recipe.rl if s.name == name), None)
-        engine, command = "local", None
-        if rl is not None and recipe.engine == "verl":
-            engine = "verl"
-            work = f"{layout.work_uri(name)}/RUN"  # named at run time by the recipe and inputs (stages._work_dir)
-            cmd = verl_command(replace(rl, prompt_style=recipe.prompt_style), model=dirs.local_dir(layout.model(before)),
-                               train_files=f"{work}/verl_train.parquet", val_files=f"{work}/verl_val.parquet",
-                               agent_loop_config=f"{work}/agent_loops.yaml", sandbox_url=recipe.sandbox_url,
-                               out_dir=work, n_gpus=int(recipe.resources.gpus) or 1, nodes=recipe.resources.nodes,
-                               experiment=recipe.tracking.experiment, router_config=f"{work}/router.yaml",
-                               device="gpu" if recipe.resources.gpus else "cpu")
-            try:
-                check_verl(cmd[3:])
-            except Exception as e:  # noqa: BLE001 - Hydra, OmegaConf and verl's asserts: say which stage
-                raise PlanError(f"stage {name}: verl refuses its config: {type(e).__name__}: {e}") from None
-            command = cmd
-        if rl is not None:
+        command = _verl_command(recipe, layout, name, before)
+        engine = "verl" if command else "local"
+        if name == "base" and not recipe.base.build_tiny:
+            engine = "files"  # copied with the chat template set, never loaded
+        if name == "sft" or any(s.name == name for s in recipe.rl):
             before = name
         resources = {"cpus": recipe.resources.cpus, "gpus": driver_gpus(name, recipe)}
         served = serving(recipe) if name in ("mine", "evaluate") else {}

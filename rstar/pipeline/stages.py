@@ -82,8 +82,9 @@ def _model_output(uri: str, stage: str, metrics: dict) -> dict:
 
 def _progress(log, stage: str, clock: StepClock, step: int, metrics: dict) -> None:
     log.metrics(step, metrics, prefix=f"{stage}/")
+    where = clock.where(step)  # every step: the clock's rate counts from the first one it saw
     if step % 50 == 0 or step == clock.total:
-        print(f"[{stage}] {clock.where(step)}: loss {metrics['loss']:.3f}", flush=True)
+        print(f"[{stage}] {where}: loss {metrics['loss']:.3f}", flush=True)
 
 
 def _copy_probe(model, tokenizer, log, recipe: Recipe, *, chat: bool) -> dict:
@@ -103,13 +104,7 @@ def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     manifest), built and pretrained here, or taken from a path/hub name."""
     spec = recipe.base
     if not spec.build_tiny:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from rstar.agent.format import CHAT_TEMPLATE
-
-        model, tok = AutoModelForCausalLM.from_pretrained(spec.path), AutoTokenizer.from_pretrained(spec.path)
-        tok.chat_template = CHAT_TEMPLATE  # the rStar2-Agent format, identical in HF, vLLM and verl
-        return _model_output(_save(model, tok, layout.model("base")), "base", {})
+        return _model_output(_publish(layout.model("base"), lambda tmp: _copy_base(spec.path, tmp)), "base", {})
     if spec.shipped:
         from rstar.model.shipped import MANIFEST, check_shipped
 
@@ -129,6 +124,24 @@ def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     return _model_output(_save(model, tok, layout.model("base")), "base",
                          {"pretrain_loss": history[-1]["loss"] if history else None,
                           "parameters": sum(p.numel() for p in model.parameters()), **copying})
+
+
+def _copy_base(path: str, out: str) -> None:
+    """A Hugging Face model's files (a local directory or a hub name) copied as they are, never
+    loaded (a 14B base in this process would need its whole weight in RAM), with the
+    rStar2-Agent chat template, identical in HF, vLLM and verl, set on its tokenizer."""
+    from transformers import AutoTokenizer
+
+    from rstar.agent.format import CHAT_TEMPLATE
+
+    if not os.path.isdir(path):
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+    shutil.copytree(path, out)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(out)
 
 
 def problems(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
@@ -174,14 +187,34 @@ def sft(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
         sft_data.generate(spec.examples, seed=spec.seed, tasks=spec.tasks)
     data = write_table(rows, layout.dataset("sft"), "sft")
     log.dataset(data, "sft_chats", digest(data), context="training")
-    model, tok = _load(inputs["model"])
     cfg = replace(spec.train, prompt_style=recipe.prompt_style)
+    if recipe.engine == "verl":
+        return _sft_verl(recipe, layout, inputs, log, cfg, data)
+    model, tok = _load(inputs["model"])
     clock = StepClock(cfg.epochs * -(-len(rows) // cfg.batch_size))
     history = train_sft(model, tok, rows, cfg, on_step=lambda s, m: _progress(log, "sft", clock, s, m))
     log.curves(history, ["loss", "lr", "grad_norm"], "sft_curves.png")
     copying = _copy_probe(model, tok, log, recipe, chat=True)
     return _model_output(_save(model, tok, layout.model("sft")), "sft",
                          {"final_loss": history[-1]["loss"], **copying})
+
+
+def _sft_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, data: str) -> dict:
+    """The cluster path: verl's Ray SFT trainer (rstar.train.verl_sft) over the recipe's GPUs, or
+    on this machine's CPU with `resources.gpus: 0`; its last checkpoint merged into a Hugging
+    Face directory. verl resumes from its checkpoint of the last finished epoch after a retry."""
+    from rstar.train.verl_sft import last_checkpoint, sft_command
+
+    work, _ = _work_dir(recipe, layout, "sft", inputs)
+    os.makedirs(work, exist_ok=True)
+    device = "gpu" if recipe.resources.gpus else "cpu"
+    cmd = sft_command(cfg, model=dirs.pull(inputs["model"]), train_files=data, out_dir=work,
+                      n_gpus=int(recipe.resources.gpus) or 1, nodes=recipe.resources.nodes,
+                      experiment=recipe.tracking.experiment, device=device)
+    merged = _run_verl_job(cmd, "sft", log, work, device, lambda: last_checkpoint(work))
+    model, tok = _load(merged)
+    copying = _copy_probe(model, tok, log, recipe, chat=True)
+    return _model_output(_publish(layout.model("sft"), lambda tmp: shutil.copytree(merged, tmp)), "sft", copying)
 
 
 def _work_dir(recipe: Recipe, layout: Layout, stage: str, inputs: dict) -> tuple[str, str]:
@@ -283,10 +316,7 @@ def _rl_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str) 
 
 
 def _run_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str, device: str, sandbox_url: str) -> dict:
-    import subprocess
-    import sys
-
-    from rstar.train.verl_launcher import build_verl_run, verl_env
+    from rstar.train.verl_launcher import build_verl_run
 
     held_out = layout.dataset("eval_problems")
     fs, path = filesystem(held_out)
@@ -299,11 +329,26 @@ def _run_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str,
                          n_gpus=int(recipe.resources.gpus) or 1, nodes=recipe.resources.nodes,
                          val_problems=held_out if fs.exists(path) else None, experiment=recipe.tracking.experiment,
                          optimizer_from=optimizer_from, device=device)
+    actor = os.path.join(work, f"global_step_{cfg.steps}", "actor")
+    merged = _run_verl_job(cmd, cfg.name, log, work, device, lambda: actor)
+    with open(os.path.join(merged, VERL_CHECKPOINT), "w") as f:
+        f.write(actor)
+    final = _publish(layout.model(cfg.name), lambda tmp: shutil.copytree(merged, tmp))
+    return _model_output(final, cfg.name, {})
+
+
+def _run_verl_job(cmd: list[str], stage: str, log, work: str, device: str, checkpoint) -> str:
+    """Run a verl command for `stage` in its work directory, then merge the FSDP checkpoint
+    `checkpoint()` names into `work/hf` with verl's model merger; return that directory."""
+    import subprocess
+
+    from rstar.train.verl_launcher import merge_command, verl_env
+
     log.tag("rstar.verl_command", " ".join(cmd)[:5000])
     # verl's MLflow logger writes into this stage's run, beside the pipeline's own metrics
     run_id = getattr(log, "run_id", None)
     mlflow_env = {"MLFLOW_TRACKING_URI": log.tracking_uri, "MLFLOW_RUN_ID": run_id} if run_id else {}
-    print(f"[{cfg.name}] verl's trainer ({device}): {' '.join(cmd[:3])} ...", flush=True)
+    print(f"[{stage}] verl ({device}): {' '.join(cmd[:3])} ...", flush=True)
     env = {**os.environ, **verl_env(device), **mlflow_env}
     if device == "cpu":
         env.pop("RAY_ADDRESS", None)  # verl on the CPU starts a Ray of its own, with its training slots
@@ -313,14 +358,9 @@ def _run_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str,
         if ray.is_initialized():
             env.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
     subprocess.run(cmd, check=True, env=env, cwd=work)  # Hydra's outputs/ land in the work directory
-    actor = os.path.join(work, f"global_step_{cfg.steps}", "actor")
     merged = os.path.join(work, "hf")
-    subprocess.run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
-                    "--local_dir", actor, "--target_dir", merged], check=True, env=env)
-    with open(os.path.join(merged, VERL_CHECKPOINT), "w") as f:
-        f.write(actor)
-    final = _publish(layout.model(cfg.name), lambda tmp: shutil.copytree(merged, tmp))
-    return _model_output(final, cfg.name, {})
+    subprocess.run(merge_command(checkpoint(), merged), check=True, env=env)
+    return merged
 
 
 def serving(recipe: Recipe) -> dict:

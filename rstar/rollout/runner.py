@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 from collections.abc import Callable
 
@@ -53,6 +54,15 @@ def tool_error_rate(records: list[dict]) -> float:
     return sum(r["num_tool_errors"] for r in records) / calls if calls else 0.0
 
 
+def sandbox_failure_rate(records: list[dict]) -> float:
+    """Calls the sandbox never ran (unreachable, overloaded, refused: status `rejected`) per
+    tool call: the infrastructure failing, apart from errors in the model's code. Above zero,
+    the model is being trained on error responses it did not cause."""
+    calls = sum(r["num_tool_calls"] for r in records)
+    failed = sum(c["status"] == "rejected" for r in records for c in json.loads(r["tool_calls"]))
+    return failed / calls if calls else 0.0
+
+
 def summarize(records: list[dict], wall_s: float | None = None) -> dict:
     """The headline numbers of a set of rollouts (trajectories-schema rows)."""
     n = len(records) or 1
@@ -65,6 +75,7 @@ def summarize(records: list[dict], wall_s: float | None = None) -> dict:
         "accuracy": sum(r["reward"] > 0 for r in records) / n,
         "tool_calls_per_rollout": calls / n,
         "tool_error_rate": tool_error_rate(records),
+        "sandbox_failure_rate": sandbox_failure_rate(records),
         "format_violation_rate": sum(r["num_answers"] != 1 for r in records) / n,
         "truncation_rate": sum(r["finish_reason"] == "length_limit" for r in records) / n,
         "response_len_mean": statistics.fmean(lengths),

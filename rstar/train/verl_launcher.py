@@ -107,11 +107,21 @@ def cpu_overrides(processes: int) -> list[str]:
 
 
 def verl_env(device: str = "gpu") -> dict[str, str]:
-    """Environment for the verl command: on the CPU, the platform plug-in loaded in every verl process."""
+    """Environment for the verl command: without verl's warning, in every one of its processes,
+    for each optional training engine not installed (torchtitan, veomni, megatron...); on the
+    CPU, the platform plug-in loaded in every verl process."""
+    quiet = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), "ignore::UserWarning:verl.workers.engine"]))
     if device != "cpu":
-        return {}
-    return {"VERL_USE_EXTERNAL_MODULES": "rstar.train.verl_cpu", "VERL_PLATFORM": "cpu",
+        return {"PYTHONWARNINGS": quiet}
+    return {"PYTHONWARNINGS": quiet, "VERL_USE_EXTERNAL_MODULES": "rstar.train.verl_cpu", "VERL_PLATFORM": "cpu",
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def merge_command(checkpoint: str, target: str) -> list[str]:
+    """verl's model merger: an FSDP checkpoint folder (every rank's shard) into a Hugging Face
+    directory at `target`."""
+    return [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", checkpoint,
+            "--target_dir", target]
 
 
 def verl_command(cfg: StageConfig, **kwargs) -> list[str]:

@@ -51,6 +51,7 @@ def _error_rate(rows: list[Rollout]) -> float:
 def apply_roc(batch: DataProto, cfg: RoCConfig, rng: random.Random) -> dict[str, float]:
     """Keep RoC's selection of `batch`'s rows, in place; return the step's `roc/*` metrics."""
     rollouts = rollouts_of(batch)
+    failures = int(np.sum(batch.non_tensor_batch["rstar_num_sandbox_failures"]))
     kept_idx = sorted(keep_indices(rollouts, cfg, rng))
     if not kept_idx:
         raise ValueError("RoC kept no rollout of this step (every group was dropped): nothing to train on")
@@ -58,7 +59,11 @@ def apply_roc(batch: DataProto, cfg: RoCConfig, rng: random.Random) -> dict[str,
     sub = batch.select_idxs(np.array(kept_idx, dtype=np.int64))
     batch.batch, batch.non_tensor_batch = sub.batch, sub.non_tensor_batch
     pos, pos_kept = [r for r in rollouts if r.reward > 0], [r for r in kept if r.reward > 0]
+    calls = sum(r.num_tool_calls for r in rollouts)
     return {"roc/sampled": len(rollouts), "roc/kept": len(kept),
+            # the sandbox failing (never ran the call), apart from the errors in the model's code
+            "tool/sandbox_failure_rate": failures / calls if calls else 0.0,
+            "tool/code_error_rate": (sum(r.num_tool_errors for r in rollouts) - failures) / calls if calls else 0.0,
             "roc/accuracy_sampled": len(pos) / len(rollouts),
             "roc/p_err_kept_positive": float(np.mean([r.sample().p_err for r in pos_kept])) if pos_kept else 0.0,
             "roc/p_format_kept_positive": float(np.mean([r.sample().p_format for r in pos_kept])) if pos_kept else 0.0,

@@ -80,3 +80,20 @@ async def test_sandbox_tool_for_verls_tool_loop(sandbox_url):
     assert resp.text == "42" and metrics["status"] == "ok"
     resp, _, metrics = await tool.execute(iid, {"code": 5})
     assert metrics["status"] == "parse_error" and "Invalid arguments" in resp.text
+
+
+async def test_a_call_the_sandbox_never_ran_is_counted_apart_from_code_errors(tokenizer):
+    from rstar.agent.verl_adapter import RStarAgentLoop
+
+    call = json.dumps({"name": TOOL_NAME, "arguments": {"code": "print(6*7)", "input": ""}})
+    server = FakeServerManager(tokenizer, [f"<reason>compute</reason>\n<tool_call>\n{call}\n</tool_call>",
+                                           "<reason>ok</reason>\n<answer>\\boxed{42}</answer>"])
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 200, "prompt_length": 600}},
+                               "rstar": {"sandbox_url": "http://127.0.0.1:9", "max_turns": 4, "tool_timeout_s": 1.0}})
+    loop = RStarAgentLoop(trainer_config=verl_agent.DictConfigWrap(config), server_manager=server,
+                          tokenizer=tokenizer, processor=None, dataset_cls=None,
+                          data_config=verl_agent.DictConfigWrap(OmegaConf.create({})))
+    out = await loop.run({"temperature": 1.0}, extra_info={"problem": "What is 6*7?"}, reward_model={"ground_truth": "42"})
+    assert out.extra_fields["rstar_num_tool_errors"] == 1 and out.extra_fields["rstar_num_sandbox_failures"] == 1
+    assert "Rejected: sandbox unreachable" in tokenizer.decode([t for t, m in zip(out.response_ids, out.response_mask)
+                                                                if not m])

@@ -57,3 +57,19 @@ def test_the_compose_files_references_resolve():
             source = volume.split(":")[0]
             if not source.startswith((".", "/")):
                 assert source in compose.get("volumes", {}), f"{name} mounts undeclared volume {source}"
+
+
+def test_every_ray_pod_keeps_stage_files_on_the_shared_volume():
+    (claim,) = docs("storage.yaml")
+    kv.validate(claim, K8S, strict=True)
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # every node reads and writes it
+    (cluster,) = docs("raycluster.yaml")
+    for group in [cluster["spec"]["headGroupSpec"], *cluster["spec"]["workerGroupSpecs"]]:
+        pod = group["template"]["spec"]
+        volume = next(v["name"] for v in pod["volumes"]
+                      if v.get("persistentVolumeClaim", {}).get("claimName") == claim["metadata"]["name"])
+        container = pod["containers"][0]
+        mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == volume)
+        env = {e["name"]: e["value"] for e in container["env"]}
+        # model mirrors, verl's files and checkpoints (rstar.storage.dirs.local_dir) and the hub cache
+        assert env["RSTAR_CACHE"].startswith(mount + "/") and env["HF_HOME"].startswith(mount + "/")

@@ -10,7 +10,7 @@ pytest.importorskip("verl")
 
 from rstar.cli import app  # noqa: E402
 from rstar.pipeline.config import load_recipe  # noqa: E402
-from rstar.pipeline.plan import check_verl, stage_names  # noqa: E402
+from rstar.pipeline.plan import check_verl, check_verl_sft, stage_names  # noqa: E402
 from rstar.pipeline.stages import Layout  # noqa: E402
 from rstar.storage import dirs  # noqa: E402
 
@@ -20,7 +20,18 @@ def test_the_14b_plan_lists_every_stage_and_verl_accepts_every_rl_command():
     assert result.exit_code == 0, result.output
     stages = json.loads(result.stdout)["stages"]
     assert [s["name"] for s in stages] == ["base", "problems", "sft", "rl1", "rl2", "mine", "rl3", "evaluate"]
-    verl = [s for s in stages if s["engine"] == "verl"]
+    # no stage runs the 14B model in its own process, and no stage's driver holds a GPU
+    assert {s["name"]: s["engine"] for s in stages} == {
+        "base": "files", "problems": "local", "sft": "verl", "rl1": "verl", "rl2": "verl", "mine": "vllm-replicas",
+        "rl3": "verl", "evaluate": "vllm-replicas"}
+    assert all(s["resources"]["gpus"] == 0 for s in stages)
+    sft = stages[2]
+    assert sft["command"][1:3] == ["-m", "rstar.train.verl_sft"]
+    sft_cfg = check_verl_sft(sft["command"][3:])
+    assert sft_cfg.trainer.n_gpus_per_node == 8 and sft_cfg.trainer.nnodes == 8 and sft_cfg.trainer.device == "cuda"
+    assert sft_cfg.data.train_batch_size == 128 and sft_cfg.optim.lr == 5e-6 and sft_cfg.data.max_length == 8192
+    assert sft_cfg.data.custom_cls.name == "SFTChats" and sft_cfg.engine.strategy == "fsdp2"
+    verl = [s for s in stages if s["engine"] == "verl" and s["name"] != "sft"]
     assert [s["name"] for s in verl] == ["rl1", "rl2", "rl3"]
     for s in verl:
         assert s["command"][1:3] == ["-m", "rstar.train.verl_trainer"]
@@ -67,8 +78,10 @@ def test_the_tiny_verl_plan_runs_verls_trainer_on_the_cpu_and_verl_accepts_it():
     result = CliRunner().invoke(app, ["pipeline", "plan", "--config", "configs/tiny-verl.yaml", "--json"])
     assert result.exit_code == 0, result.output
     verl = [s for s in json.loads(result.stdout)["stages"] if s["engine"] == "verl"]
-    assert [s["name"] for s in verl] == ["rl1", "rl2", "rl3"]
-    for s in verl:
+    assert [s["name"] for s in verl] == ["sft", "rl1", "rl2", "rl3"]
+    sft_cfg = check_verl_sft(verl[0]["command"][3:])
+    assert sft_cfg.trainer.device == "cpu" and sft_cfg.engine.dtype == "float32" and sft_cfg.data.prompt_style == "compact"
+    for s in verl[1:]:
         cfg = check_verl(s["command"][3:])
         assert cfg.trainer.device == "cpu" and cfg.actor_rollout_ref.rollout.name == "hf"
         assert cfg.actor_rollout_ref.actor.strategy == "fsdp2" and cfg.trainer.use_v1 is False

@@ -1,5 +1,6 @@
 """The single-machine GRPO-RoC trainer: a few real steps (tiny model, local engine, sandbox),
 metrics, checkpoints, and resume giving the same result as an uninterrupted run."""
+import json
 import os
 
 import torch
@@ -140,13 +141,16 @@ def test_tool_errors_in_correct_trajectories_sampled_and_kept():
     the kept ones are reported beside it, and only correct ones count in either."""
     from rstar.train.rl import summarize_step
 
-    def rec(reward, calls, errors):
+    def rec(reward, calls, errors, rejected=0):
+        statuses = ["rejected"] * rejected + ["error"] * (errors - rejected) + ["ok"] * (calls - errors)
         return {"reward": reward, "num_tool_calls": calls, "num_tool_errors": errors, "response_len": 10,
-                "entropies": [0.5], "response_mask": [1], "num_answers": 1, "finish_reason": "answered"}
+                "entropies": [0.5], "response_mask": [1], "num_answers": 1, "finish_reason": "answered",
+                "tool_calls": json.dumps([{"status": s} for s in statuses])}
 
-    records = [rec(1.0, 2, 1), rec(1.0, 2, 0), rec(0.0, 4, 4)]
+    records = [rec(1.0, 2, 1), rec(1.0, 2, 0), rec(0.0, 4, 4, rejected=3)]
     m = summarize_step(records, kept=[records[1], records[2]])
     assert m["tool_error_rate_positive"] == 0.25        # 1 error in 4 calls of the two correct ones
     assert m["tool_error_rate_positive_kept"] == 0.0    # the kept correct one had none
     assert (m["tool_errors_positive"], m["tool_calls_positive"]) == (1, 4)
     assert m["tool_error_rate"] == 5 / 8 and m["kept"] == 2
+    assert m["sandbox_failure_rate"] == 3 / 8  # calls the sandbox never ran, apart from the model's errors

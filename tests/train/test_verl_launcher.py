@@ -86,6 +86,8 @@ def agent_loop_batch(n_prompts: int = 2, per_prompt: int = 8, width: int = 6):
         non_tensors={"uid": np.repeat(np.array([f"p{i}" for i in range(n_prompts)], dtype=object), per_prompt),
                      "rstar_num_tool_calls": np.array([2, 2, 2, 1, 1, 1, 1, 1] * n_prompts)[:n],
                      "rstar_num_tool_errors": np.array([0, 2, 2, 0, 0, 0, 0, 0] * n_prompts)[:n],
+                     # one of those errors the sandbox's (it never ran the call), per prompt
+                     "rstar_num_sandbox_failures": np.array([0, 1, 0, 0, 0, 0, 0, 0] * n_prompts)[:n],
                      "rstar_num_answers": np.ones(n, dtype=int), "rstar_turns": np.full(n, 3)})
 
 
@@ -117,6 +119,8 @@ def test_roc_in_verls_step_then_verls_own_grpo_advantages():
     assert metrics["roc/accuracy_sampled"] == 3 / 8
     assert metrics["roc/tool_error_rate_positive"] == 4 / 6
     assert metrics["roc/tool_error_rate_positive_kept"] <= metrics["roc/tool_error_rate_positive"]
+    # over all 16 sampled: 22 calls, 8 errors, 2 of them the sandbox's
+    assert metrics["tool/sandbox_failure_rate"] == 2 / 22 and metrics["tool/code_error_rate"] == 6 / 22
     assert "global_seqlen/min" in metrics  # then verl's own balancing ran on what was kept
     batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
     out = compute_advantage(batch, adv_estimator="grpo", num_repeat=4, config=OmegaConf.create({}))

@@ -10,7 +10,6 @@ here); the problems are the recipe's own (recipe_problems)."""
 import os
 import re
 import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -63,9 +62,6 @@ def metrics_by_step(log: str) -> dict[int, dict[str, float]]:
 
 
 def two_verl_steps(model: str, tmp_path, device: str, extra: list[str] = ()) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from rstar.data.io import write_table
     from rstar.sandbox.process import SandboxProcess
     from rstar.train.verl_launcher import build_verl_run, verl_env
@@ -94,13 +90,22 @@ def two_verl_steps(model: str, tmp_path, device: str, extra: list[str] = ()) -> 
     assert max(m["roc/accuracy_sampled"] for m in steps.values()) > 0  # real reward: some rollouts solved it
     actor = os.path.join(work, f"global_step_{STEPS}", "actor")
     assert os.path.exists(os.path.join(work, "latest_checkpointed_iteration.txt"))
-    merged = str(tmp_path / "hf")
-    subprocess.run([sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", actor,
-                    "--target_dir", merged], check=True, env=env, timeout=600)
-    trained = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
-    before = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    moved = [n for (n, a), (_, b) in zip(trained.named_parameters(), before.named_parameters()) if not torch.equal(a, b)]
+    moved, _ = merged_changes(actor, model, str(tmp_path / "hf"), env)
     assert moved, "the merged model equals the SFT model: no update reached the checkpoint"
+
+
+def merged_changes(checkpoint: str, before: str, merged: str, env: dict) -> tuple[list[str], int]:
+    """Merge verl's checkpoint with verl's model merger into `merged`, load it: (the names of the
+    parameters that differ from the model at `before`, how many parameters it has)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rstar.train.verl_launcher import merge_command
+
+    subprocess.run(merge_command(checkpoint, merged), check=True, env=env, timeout=600)
+    trained = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).named_parameters()
+    start = list(AutoModelForCausalLM.from_pretrained(before, dtype=torch.float32).named_parameters())
+    return [n for (n, a), (_, b) in zip(trained, start) if not torch.equal(a, b)], len(start)
 
 
 def test_verls_trainer_runs_grpo_roc_on_cpu(tiny_sft, tmp_path):

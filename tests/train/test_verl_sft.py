@@ -1,0 +1,91 @@
+"""verl's own SFT trainer on the recipe's chats: `python -m rstar.train.verl_sft` (verl's Ray SFT
+trainer, FSDP2 training processes) trains the shipped tiny base on this machine's CPU (gloo;
+rstar.train.verl_cpu), with the chats tokenized as the local SFT tokenizes them; verl's model
+merger turns its checkpoint into a Hugging Face model that loads and chats."""
+import json
+import os
+import subprocess
+
+import pytest
+
+pytest.importorskip("verl")
+
+from rstar.train.sft import SFTConfig, encode_example  # noqa: E402
+from tests.train.test_verl_run import merged_changes, metrics_by_step  # noqa: E402
+
+BASE = "models/tiny-base"
+
+
+def chats(n: int) -> list[dict]:
+    from rstar.data import sft as sft_data
+
+    return sft_data.generate(n, seed=3, tasks=["calc", "arith_tool", "arith_recover", "reverse"])
+
+
+def test_chats_are_tokenized_as_the_local_sft_does(tmp_path):
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    from rstar.data.io import write_table
+    from rstar.train.verl_sft import SFTChats
+
+    rows = chats(8)
+    path = write_table(rows, str(tmp_path / "sft.parquet"), "sft")
+    tok = AutoTokenizer.from_pretrained(BASE)
+    data = SFTChats(path, tok, OmegaConf.create({"max_length": 512, "prompt_style": "compact"}))
+    assert len(data) == len(rows)
+    for row, item in zip(rows, data):
+        ids, mask = encode_example(tok, json.loads(row["messages"]), 512, "compact")
+        assert item["input_ids"].tolist() == ids and item["loss_mask"].tolist() == mask
+        assert item["position_ids"].tolist() == list(range(len(ids)))
+        taught = tok.decode([t for t, m in zip(ids, mask) if m])
+        assert "<tool_call>" in taught or "<answer>" in taught
+        assert "<tool_response>" not in taught and "<|im_start|>user" not in taught  # never the tool's or the user's
+
+    with pytest.raises(ValueError, match="no chat has an assistant token within max_length 8"):
+        SFTChats([path], tok, OmegaConf.create({"max_length": 8, "prompt_style": "compact"}))
+
+
+def test_replayed_pretraining_text_is_refused_with_engine_verl():
+    from rstar.train.verl_sft import sft_overrides
+
+    with pytest.raises(ValueError, match="replay_rows"):
+        sft_overrides(SFTConfig(replay_rows=4), model=BASE, train_files="x.parquet", out_dir="out", n_gpus=1)
+
+
+@pytest.mark.timeout(1800)
+def test_verls_sft_trainer_trains_the_tiny_base_on_cpu(tmp_path):
+    from transformers import AutoTokenizer
+
+    from rstar.data.io import write_table
+    from rstar.train.verl_launcher import verl_env
+    from rstar.train.verl_sft import last_checkpoint, sft_command
+
+    data = write_table(chats(64), str(tmp_path / "sft.parquet"), "sft")
+    cfg = SFTConfig(epochs=1, lr=5e-4, batch_size=16, micro_batch_size=16, warmup_ratio=0.05, max_length=512,
+                    prompt_style="compact")
+    work = str(tmp_path / "run")
+    os.makedirs(work)
+    cmd = sft_command(cfg, model=os.path.abspath(BASE), train_files=data, out_dir=work, n_gpus=1, device="cpu")
+    cmd = [c for c in cmd if not c.startswith("trainer.logger")] + ["trainer.logger=[console]"]
+    env = {**os.environ, **verl_env("cpu")}
+    env.pop("RAY_ADDRESS", None)
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200, cwd=work)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-6000:]
+    steps = metrics_by_step(log)
+    assert sorted(steps) == [1, 2, 3, 4], log[-3000:]  # 64 chats, 16 a step, one epoch
+    print({s: round(m["train/loss"], 3) for s, m in steps.items()}, flush=True)
+    assert steps[4]["train/loss"] < steps[1]["train/loss"]  # it learns the format
+
+    checkpoint = last_checkpoint(work)
+    assert checkpoint.endswith("global_step_4")
+    merged = str(tmp_path / "hf")
+    moved, parameters = merged_changes(checkpoint, BASE, merged, env)
+    assert len(moved) == parameters  # SFT moved every weight
+    assert AutoTokenizer.from_pretrained(merged).chat_template  # the next stage renders the same chats
+
+    # a retry after the last epoch's checkpoint resumes there and trains nothing more
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200, cwd=work)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert not metrics_by_step(again.stdout + again.stderr)
