@@ -43,7 +43,6 @@ def pipeline_run(config: str = typer.Option("configs/tiny.yaml", help="The recip
     """Run the whole recipe: base, problems, SFT, RL stages, mining, evaluation."""
     import json
 
-    from flows.pipeline import pipeline  # Prefect before verl (which the recipe imports): its logging set-up comes first
     from rstar.pipeline.config import ConfigError, load_recipe
     from rstar.pipeline.stages import Layout
     from rstar.storage.lock import RootBusy, hold_root
@@ -58,6 +57,7 @@ def pipeline_run(config: str = typer.Option("configs/tiny.yaml", help="The recip
     except (ConfigError, TrackingUnreachable, RootBusy) as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
+    from flows.pipeline import pipeline
     from rstar.pipeline.bench import pipeline_report
     from rstar.storage import atomic_write_text
 

@@ -23,8 +23,7 @@ from rstar.data import synth
 from rstar.errors import NotRetryable
 from rstar.eval.run import EvalConfig
 from rstar.pipeline.verdict import Expect
-from rstar.train.rl import StageConfig
-from rstar.train.sft import SFTConfig
+from rstar.train.config import SFTConfig, StageConfig
 
 
 class ConfigError(NotRetryable, ValueError):

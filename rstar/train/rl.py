@@ -9,46 +9,18 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from rstar.agent.loop import AgentLoop, LoopConfig
 from rstar.algo.loss import grpo_advantages, policy_loss
-from rstar.algo.roc import RoCConfig, Rollout, keep_indices
+from rstar.algo.roc import Rollout, keep_indices
 from rstar.data.io import write_table
 from rstar.reward.score import BatchScorer
 from rstar.rollout.hf_engine import HFEngine
 from rstar.rollout.runner import sample, score, summarize, tool_error_rate
 from rstar.storage import dirs
-
-
-@dataclass
-class StageConfig:
-    __pydantic_config__ = {"extra": "forbid"}  # a recipe (rstar.pipeline.config) may not add unknown keys
-    name: str = "rl1"
-    steps: int = 10
-    prompts_per_step: int = 8
-    roc: RoCConfig = field(default_factory=lambda: RoCConfig(group_size=4))
-    max_response_tokens: int = 256
-    max_turns: int = 4
-    temperature: float = 1.0
-    lr: float = 1e-5
-    warmup_steps: int = 2
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    micro_batch_size: int = 8
-    # Optimizer steps per rollout batch (PPO mini-batches, verl's ppo_mini_batch_size =
-    # prompts_per_step / mini_batches): each takes whole groups; old log-probs are computed once.
-    mini_batches: int = 1
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    init_from: str | None = None      # the previous stage's checkpoint directory, if any
-    reset_optimizer: bool = False     # start with fresh AdamW moments instead of init_from's (the paper resets before stage 3)
-    checkpoint_every: int = 1         # steps between checkpoints (a crash redoes at most this many steps)
-    checkpoints_kept: int = 1         # verl keeps this many (with optimizer state); the local trainer keeps the last
-    seed: int = 0
-    prompt_style: str = "paper"       # rstar.agent.format.STYLES; a recipe sets it once for all stages
+from rstar.train.config import StageConfig
 
 
 STATE = "trainer_state.pt"

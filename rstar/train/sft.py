@@ -8,31 +8,14 @@ import json
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from rstar.agent.format import STYLES
 from rstar.model.pretrain import PretrainConfig, TextSource, packed_batch
+from rstar.train.config import SFTConfig
 
 
-@dataclass
-class SFTConfig:
-    __pydantic_config__ = {"extra": "forbid"}  # a recipe (rstar.pipeline.config) may not add unknown keys
-    epochs: int = 3
-    lr: float = 5e-6
-    warmup_ratio: float = 0.04
-    batch_size: int = 16           # examples per optimizer step (after accumulation)
-    micro_batch_size: int = 8
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    max_length: int = 1024
-    seed: int = 0
-    prompt_style: str = "paper"    # the system prompt and tools block RL will use (rstar.agent.format.STYLES)
-    # Rows of the tiny base's pretraining text added to every step (language-modelling loss,
-    # same weight): without them a few hundred steps on chats overwrite what the base learnt
-    # from it, copying numbers first. 0 for a real base model.
-    replay_rows: int = 0
 
 
 def encode_example(tokenizer, messages: list[dict], max_length: int,

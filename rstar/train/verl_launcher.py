@@ -18,7 +18,7 @@ import sys
 
 from rstar.agent.format import problem_messages
 from rstar.data.io import read_table
-from rstar.train.rl import StageConfig
+from rstar.train.config import StageConfig
 
 
 def to_verl_rows(problems: list[dict], prompt_style: str = "paper") -> list[dict]:

@@ -19,7 +19,8 @@ import torch
 from torch.utils.data import Dataset
 
 from rstar.data.io import read_table
-from rstar.train.sft import SFTConfig, encode_example
+from rstar.train.config import SFTConfig
+from rstar.train.sft import encode_example
 
 ENTRY = "rstar.train.verl_sft"
 

@@ -7,7 +7,8 @@ import torch
 
 from rstar.algo.roc import RoCConfig
 from rstar.data import synth
-from rstar.train.rl import RLTrainer, StageConfig
+from rstar.train.config import StageConfig
+from rstar.train.rl import RLTrainer
 
 
 def cfg(steps):

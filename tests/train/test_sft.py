@@ -6,7 +6,8 @@ import torch
 
 from rstar.agent.format import IM_END
 from rstar.data import sft
-from rstar.train.sft import SFTConfig, encode_example, train_sft
+from rstar.train.config import SFTConfig
+from rstar.train.sft import encode_example, train_sft
 
 
 def test_mask_covers_exactly_the_assistant_turns(tokenizer):

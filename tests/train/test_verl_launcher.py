@@ -11,7 +11,7 @@ pytest.importorskip("verl")
 from rstar.algo.roc import RoCConfig  # noqa: E402
 from rstar.data import synth  # noqa: E402
 from rstar.data.io import write_table  # noqa: E402
-from rstar.train.rl import StageConfig  # noqa: E402
+from rstar.train.config import StageConfig  # noqa: E402
 from rstar.pipeline.plan import compose_verl  # noqa: E402
 from rstar.train.verl_launcher import build_verl_run, to_verl_rows, verl_overrides  # noqa: E402
 

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("verl")
 
 from rstar.algo.roc import RoCConfig  # noqa: E402
-from rstar.train.rl import StageConfig  # noqa: E402
+from rstar.train.config import StageConfig  # noqa: E402
 
 PROMPTS, G, STEPS = 8, 2, 2
 

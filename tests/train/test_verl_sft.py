@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("verl")
 
-from rstar.train.sft import SFTConfig, encode_example  # noqa: E402
+from rstar.train.config import SFTConfig  # noqa: E402
+from rstar.train.sft import encode_example  # noqa: E402
 from tests.train.test_verl_run import merged_changes, metrics_by_step  # noqa: E402
 
 BASE = "models/tiny-base"
