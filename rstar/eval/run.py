@@ -39,7 +39,7 @@ async def evaluate(loop: AgentLoop, problems: list[dict], cfg: EvalConfig, *, st
     loop.cfg = replace(loop.cfg, temperature=cfg.temperature, max_response_tokens=cfg.max_response_tokens,
                        max_turns=cfg.max_turns)
     plain = [p for p in problems if "choices" not in json.loads(p["metadata"])]
-    records = await rollout(loop, plain, cfg.k, stage=stage, policy_step=policy_step, progress=progress)
+    records = await rollout(loop, plain, cfg.k, stage=stage, policy_step=policy_step, progress=progress, seed_key="eval")
     for r in records:
         r["correct"] = r["reward"] > 0
     choice_problems = []
@@ -52,7 +52,8 @@ async def evaluate(loop: AgentLoop, problems: list[dict], cfg: EvalConfig, *, st
                 sample_id = f"{p['id']}#{i}"
                 letters[sample_id] = letter
                 choice_problems.append({**p, "id": sample_id, "problem": text, "answer": letter})
-    for r in await rollout(loop, choice_problems, 1, stage=stage, policy_step=policy_step, progress=progress):
+    for r in await rollout(loop, choice_problems, 1, stage=stage, policy_step=policy_step, progress=progress,
+                           seed_key="eval"):
         sample_id = r["problem_id"]
         r["problem_id"], r["sample_index"] = sample_id.rsplit("#", 1)[0], int(sample_id.rsplit("#", 1)[1])
         letter = extract_letter(r["answer"])

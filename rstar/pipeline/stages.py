@@ -17,6 +17,7 @@ from rstar.pipeline.config import Recipe
 from rstar.pipeline.progress import StepClock
 from rstar.storage import atomic_write_text, dirs, filesystem, is_remote
 from rstar.tracking.digest import digest
+from rstar.tracking.mlflow_log import EVAL_LABEL
 
 # In a verl stage's published model: where its last actor checkpoint (optimizer state) lies.
 VERL_CHECKPOINT = "verl_actor_checkpoint.txt"
@@ -410,6 +411,10 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
 
     problems_ = read_table(inputs["problems"], "problems").to_pylist()
     out_dir = layout.reports(inputs.get("report_name", "eval"))
+    # what lineage shows of this evaluation: its label and held-out set (its settings are the run's params)
+    log.tag(EVAL_LABEL, inputs.get("report_name", "eval"))
+    log.dataset(inputs["problems"], "eval_problems", inputs.get("problems_digest") or digest(inputs["problems"]),
+                context="evaluation")
     summaries = {}
     for name, uri in inputs["models"].items():
         records, summaries[name] = evaluate_model(dirs.pull(uri), problems_, recipe.eval,

@@ -12,10 +12,13 @@ from rstar.reward.score import BatchScorer, ScoreItem
 
 
 async def sample(loop: AgentLoop, problems: list[dict], k: int, *, stage: str = "rollout", policy_step: int = 0,
-                 progress: Callable[[int], None] | None = None) -> list[tuple[dict, int, Trajectory]]:
-    """`k` trajectories of every problem (rows of the problems schema), unscored."""
+                 progress: Callable[[int], None] | None = None,
+                 seed_key: str | None = None) -> list[tuple[dict, int, Trajectory]]:
+    """`k` trajectories of every problem (rows of the problems schema), unscored. Each request's
+    id seeds its sampling (rstar.rollout.hf_engine): `seed_key` (default: the stage), the
+    policy step, the problem and the sample index."""
     async def one(problem: dict, i: int):
-        traj = await loop.run(problem["problem"], f"{stage}/{policy_step}/{problem['id']}/{i}")
+        traj = await loop.run(problem["problem"], f"{seed_key or stage}/{policy_step}/{problem['id']}/{i}")
         if progress:
             progress(1)
         return problem, i, traj
@@ -36,12 +39,15 @@ async def score(loop: AgentLoop, sampled: list[tuple[dict, int, Trajectory]], sc
 
 
 async def rollout(loop: AgentLoop, problems: list[dict], k: int, *, stage: str = "rollout", policy_step: int = 0,
-                  scorer: BatchScorer | None = None, progress: Callable[[int], None] | None = None) -> list[dict]:
-    """Rows of the trajectories schema: `k` rollouts of every problem (rows of the problems schema), scored."""
+                  scorer: BatchScorer | None = None, progress: Callable[[int], None] | None = None,
+                  seed_key: str | None = None) -> list[dict]:
+    """Rows of the trajectories schema: `k` rollouts of every problem (rows of the problems
+    schema), scored (`seed_key`: see `sample`)."""
     own = scorer is None
     scorer = scorer or BatchScorer()
     try:
-        sampled = await sample(loop, problems, k, stage=stage, policy_step=policy_step, progress=progress)
+        sampled = await sample(loop, problems, k, stage=stage, policy_step=policy_step, progress=progress,
+                               seed_key=seed_key)
         return await score(loop, sampled, scorer, stage=stage, policy_step=policy_step)
     finally:
         if own:

@@ -3,9 +3,10 @@ version, read from MLflow alone (model-version tags, the runs behind them, their
 inputs with digests, and the evaluation runs that name the version)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
-from rstar.tracking.mlflow_log import DIGEST, EVALUATES, INPUT_MODEL, STAGE, client
+from rstar.tracking.mlflow_log import DIGEST, EVAL_LABEL, EVALUATES, INPUT_MODEL, STAGE, client
 
 
 @dataclass
@@ -22,7 +23,7 @@ class Link:
 @dataclass
 class Lineage:
     chain: list[Link]             # oldest (base) first, the asked-for version last
-    evaluations: list[dict]       # run_id, run name, avg pass@1 metrics of runs evaluating it
+    evaluations: list[dict]       # per run evaluating it: run_id, label, date, settings, data, avg pass@1 metrics
 
 
 def _split(version: str, default_name: str | None) -> tuple[str, str]:
@@ -55,10 +56,14 @@ def lineage(tracking_uri: str, version: str, default_name: str | None = None) ->
     exp_ids = [e.experiment_id for e in c.search_experiments()]
     tag = f"{EVALUATES}.{target}"   # its value: the model's name inside that evaluation
     runs = c.search_runs(exp_ids, filter_string=f"tags.`{tag}` LIKE '%'") if exp_ids else []
-    evaluations = [{"run_id": r.info.run_id, "name": r.info.run_name,
+    evaluations = [{"run_id": r.info.run_id, "label": r.data.tags.get(EVAL_LABEL, r.info.run_name),
+                    "date": time.strftime("%Y-%m-%d %H:%M", time.localtime(r.info.start_time / 1000)),
+                    "settings": {k.split(".", 1)[1]: v for k, v in sorted(r.data.params.items())
+                                 if k.split(".", 1)[0] == "eval"},
+                    "data": [f"{d.dataset.name} digest {d.dataset.digest}" for d in r.inputs.dataset_inputs],
                     "metrics": {k.split("/", 2)[2]: v for k, v in r.data.metrics.items()
                                 if k.startswith(f"eval/{r.data.tags[tag]}/") and "avg_pass" in k}}
-                   for r in runs]
+                   for r in sorted(runs, key=lambda r: r.info.start_time)]
     return Lineage(chain, evaluations)
 
 
@@ -72,7 +77,9 @@ def format_lineage(lin: Lineage) -> str:
             lines.append(f"       {d['context']:<8} dataset {d['name']} digest {d['digest']} {d['source']}")
     for ev in lin.evaluations:
         scores = ", ".join(f"{k}={v:.3f}" for k, v in sorted(ev["metrics"].items()))
-        lines.append(f"-> evaluation run {ev['run_id'][:12]} ({ev['name']}): {scores or 'no scores'}")
+        lines.append(f"-> evaluation {ev['label']} {ev['date']} run {ev['run_id'][:12]}: {scores or 'no scores'}")
+        lines.append("       settings " + " ".join(f"{k}={v}" for k, v in ev["settings"].items()))
+        lines += [f"       on {d}" for d in ev["data"]]
     if not lin.evaluations:
         lines.append("   (no evaluation run names this version yet)")
     return "\n".join(lines)

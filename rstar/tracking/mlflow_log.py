@@ -16,6 +16,7 @@ from rstar.errors import NotRetryable
 
 STAGE, PIPELINE, INPUT_MODEL, EVALUATES, DIGEST = (
     "rstar.stage", "rstar.pipeline", "rstar.input_model", "rstar.evaluates", "rstar.model_digest")
+EVAL_LABEL = "rstar.eval_label"  # an evaluation's name: "eval" (the pipeline's own), "reeval-<time>"
 
 
 def absolute_uri(uri: str) -> str:

@@ -85,3 +85,22 @@ def test_eval_names_a_missing_model_before_loading_anything(tmp_path):
                                       "--out", str(tmp_path / "out")])
     text = " ".join(result.output.replace("│", " ").split())  # rich wraps the message in a box
     assert result.exit_code == 2 and "is not a model directory" in text and "Traceback" not in text
+
+
+def test_the_same_checkpoint_evaluated_twice_gives_the_same_figures(tiny_dir):
+    """Sampling is seeded by the evaluation's seed, problem and sample, not by the label the
+    checkpoint is evaluated under (the pipeline's `rl3`, a nightly re-evaluation's `rstar-tiny/5`)."""
+    from rstar.data import synth
+    from rstar.eval.run import EvalConfig, evaluate_model
+
+    problems = synth.generate(4, seed=5, levels=(1,), prefix="eval")
+    cfg = EvalConfig(k=2, temperature=1.0, max_response_tokens=32, max_turns=2)
+    (first, s1), (again, s2) = (evaluate_model(tiny_dir, problems, cfg, name=n) for n in ("rl3", "rstar-tiny/5"))
+
+    def texts(records):
+        return [r["response_text"] for r in sorted(records, key=lambda r: (r["problem_id"], r["sample_index"]))]
+
+    assert texts(first) == texts(again) and s1 == s2
+    assert len(set(texts(first))) > 1  # sampled, not one greedy text
+    other, _ = evaluate_model(tiny_dir, problems, EvalConfig(**{**cfg.__dict__, "seed": 1}), name="rl3")
+    assert texts(other) != texts(first)  # the seed is what decides

@@ -149,6 +149,10 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     assert rl3_data["rl_problems"] == outs["mine"]["problems_digest"]   # stage 3 trained on the mined set
     assert lin.chain[1].datasets[0]["name"] == "sft_chats"
     assert [e["run_id"] for e in lin.evaluations] == [outs["evaluate"]["mlflow_run_id"]]
+    (ev,) = lin.evaluations  # the pipeline's own, with its settings and held-out set
+    assert ev["label"] == "eval" and ev["settings"]["k"] == str(recipe.eval.k)
+    assert ev["settings"]["temperature"] == str(recipe.eval.temperature)
+    assert ev["data"] == [f"eval_problems digest {outs['problems']['eval_digest']}"]
     _check_trajectories(recipe, outs)
     report = outs["evaluate"]["report"]
     assert {"report.md", "report.html", "accuracy.png", "summary.json"} <= set(os.listdir(report))
@@ -277,6 +281,10 @@ def test_a_served_deployment_runs_when_triggered_like_the_ui_run_button(prefect_
         server.wait(timeout=30)
     evals = lineage(recipe.tracking.tracking_uri, outs["rl1"]["model_version"]).evaluations
     assert len(evals) == 2  # the pipeline's evaluation and the re-evaluation, both attached to rl1's version
+    assert evals[0]["label"] == "eval" and evals[1]["label"].startswith("reeval-")  # oldest first, told apart
+    assert evals[0]["data"] == evals[1]["data"] and evals[0]["settings"] == evals[1]["settings"]
+    # the same checkpoint, settings and data: the same figures
+    assert evals[0]["metrics"] == evals[1]["metrics"]
 
 
 def test_lineage_command_prints_the_chain(finished_local):
@@ -291,7 +299,9 @@ def test_lineage_command_prints_the_chain(finished_local):
     stages = [line.split()[1] if line.startswith("->") else line.split()[0] for line in lines
               if line.strip() and not line.startswith("       ")]
     assert stages[:5] == ["base", "sft", "rl1", "rl2", "rl3"]
-    assert "evaluation run" in result.output and outs["mine"]["problems_digest"] in result.output
+    assert "-> evaluation eval " in result.output and outs["mine"]["problems_digest"] in result.output
+    assert f"on eval_problems digest {outs['problems']['eval_digest']}" in result.output
+    assert "settings k=1 " in result.output
 
 
 def test_a_cached_stage_whose_outputs_were_deleted_or_overwritten_runs_again(finished_local):
