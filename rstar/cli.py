@@ -13,6 +13,12 @@ from rstar.rollout.cli import bench_scheduler_command, rollout_command
 
 app = typer.Typer(help="rstar: agentic RL for math reasoning, as a pipeline people can run.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="Show the traceback of an error in a file, "
+                                                               "recipe or setting instead of one line.")) -> None:
+    """rstar: agentic RL for math reasoning, as a pipeline people can run."""
 sandbox_app = typer.Typer(help="The isolated Python sandbox that runs the model's tool calls.",
                           no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
@@ -278,7 +284,21 @@ def exec_(code: str = typer.Argument(..., help="Python code; '-' reads standard 
 
 
 def main() -> None:
-    app()
+    """The `rstar` entry: an error no retry can fix (a bad recipe, file, row or setting:
+    rstar.errors.NotRetryable) is one line naming what is wrong; `rstar --debug ...` shows its
+    traceback."""
+    import os
+    import sys
+
+    from rstar.errors import NotRetryable
+
+    try:
+        app()
+    except NotRetryable as e:
+        if "--debug" in sys.argv[1:] or os.environ.get("RSTAR_DEBUG"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

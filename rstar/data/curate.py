@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
 from rstar.data.io import DataError, write_json, write_table
-from rstar.data.sources import PRESETS, BadRow, Columns, get_field, read_rows
+from rstar.data.sources import PRESETS, BadRow, Columns, column_error, get_field, read_rows
 from rstar.reward.verify import normalize_integer, verify
 
-REASONS = ("bad_json", "wrong_type", "missing_problem", "missing_answer", "non_integer_answer",
+REASONS = ("bad_json", "wrong_type", "missing_problem", "missing_answer", "too_long", "non_integer_answer",
            "answer_too_large", "duplicate", "contaminated", "inconsistent")
 
 # Given problems, return k sampled final answers for each (the rollout engine provides one).
@@ -36,10 +36,18 @@ class SourceSpec:
 
     @classmethod
     def parse(cls, text: str) -> "SourceSpec":
-        """'path' or 'path:preset' (presets: generic, dapo, openmathreasoning, project_euler, aops)."""
+        """'path', 'path:preset' (presets: generic, dapo, openmathreasoning, project_euler, aops)
+        or 'path:problem=<column>,answer=<column>[,id=<column>]' (dotted paths reach nested fields)."""
         path, sep, preset = text.rpartition(":")
         if not sep or "/" in preset:  # no preset given ("s3://b/k.parquet" has a ':' of its own)
             return cls(path=text)
+        if "=" in preset:
+            mapping = dict(part.partition("=")[::2] for part in preset.split(","))
+            unknown = set(mapping) - {"problem", "answer", "id"}
+            if unknown or not all(mapping.values()):
+                raise DataError(f"{text}: a column mapping names problem=, answer= and optionally id= "
+                                f"(got {preset!r})")
+            return cls(path=path, columns=Columns(**{"id": None, **mapping}))
         if preset not in PRESETS:
             raise DataError(f"{text}: unknown column preset {preset!r}; known: {sorted(PRESETS)}")
         return cls(path=path, columns=PRESETS[preset])
@@ -49,6 +57,7 @@ class SourceSpec:
 class CurationConfig:
     integer_only: bool = True
     max_answer_digits: int = 30      # longer answers are "too large to verify" (Project Euler's giants)
+    max_problem_chars: int = 8000    # longer problem texts are rejected as too_long (scraped pages, not problems)
     dedup: bool = True
     ngram: int = 8                   # decontamination n-gram size, in words
     consistency_min: int = 2         # sampled answers that must match the label (k is the sampler's)
@@ -130,6 +139,8 @@ def curate(sources: Iterable[SourceSpec], out_path: str, rejects_path: str, *, e
                         "detail": detail, "raw": raw})
 
     for spec in sources:
+        columns: set[str] = set()   # every top-level column the file's rows have
+        mapped = False              # some row has the problem and answer columns
         for row_id, row in read_rows(spec.path, split=spec.split):
             report.read += 1
             if progress:
@@ -137,9 +148,15 @@ def curate(sources: Iterable[SourceSpec], out_path: str, rejects_path: str, *, e
             if isinstance(row, BadRow):
                 reject(spec, row_id, row.reason, row.detail, row.raw)
                 continue
+            columns.update(row)
+            mapped = mapped or column_error(spec.path, spec.columns, row) is None
             rec = _normalise_row(row_id, row, spec)
             if isinstance(rec, tuple):
                 reject(spec, row_id, rec[0], rec[1], _raw(row))
+                continue
+            if len(rec["problem"]) > cfg.max_problem_chars:
+                reject(spec, row_id, "too_long", f"problem text has {len(rec['problem'])} characters "
+                                                 f"(limit {cfg.max_problem_chars})", _raw(row)[:2000])
                 continue
             integer = normalize_integer(rec["answer"])
             if cfg.integer_only and integer is None:
@@ -167,6 +184,8 @@ def curate(sources: Iterable[SourceSpec], out_path: str, rejects_path: str, *, e
                 continue
             rec["_spec"], rec["_row_id"] = spec, row_id
             kept.append(rec)
+        if columns and not mapped:  # a layout problem, not thousands of bad rows
+            raise DataError(column_error(spec.path, spec.columns, columns))
 
     if sampler is not None:
         kept = _consistency_filter(kept, sampler, cfg, reject)

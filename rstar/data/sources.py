@@ -39,6 +39,18 @@ class BadRow:
     raw: str
 
 
+def column_error(path: str, cols: Columns, have) -> str | None:
+    """The file-level error when rows with these columns (`have`, top-level names) cannot give
+    a problem and an answer: which are missing, which there are, and how to map them."""
+    have = sorted(have)
+    missing = {role: c for role, c in (("problem", cols.problem), ("answer", cols.answer)) if c.split(".")[0] not in have}
+    if not missing:
+        return None
+    return (f"{path}: no column {' or '.join(repr(c) for c in missing.values())} for the {' and '.join(missing)} "
+            f"(its columns: {', '.join(have) or 'none'}); map yours as '{path}:problem=<column>,answer=<column>' "
+            f"or name a preset ({', '.join(PRESETS)}) as '{path}:<preset>'")
+
+
 def get_field(row: dict, path: str):
     """A dotted path into nested dicts; a chat-message list yields its last user message."""
     value = row

@@ -19,6 +19,7 @@ from rstar.agent.format import STYLES
 from rstar.data import check_names
 from rstar.data import sft as sft_data
 from rstar.data.curate import SourceSpec
+from rstar.data.sources import column_error
 from rstar.data import synth
 from rstar.errors import NotRetryable
 from rstar.eval.run import EvalConfig
@@ -244,7 +245,7 @@ def load_recipe(path: str, overrides: dict | None = None, *, check_inputs: bool 
         problems = [f"{_where(err['loc'])}: " + (f"unknown key{_did_you_mean(err['loc'])}" if err["type"] in _UNKNOWN
                                                   else err["msg"]) for err in e.errors()]
         raise ConfigError(f"{path}: " + "; ".join(problems)) from None
-    for where, uri in _input_files(recipe) if check_inputs else ():
+    for where, uri, spec in _input_files(recipe) if check_inputs else ():
         try:
             fs, inner = filesystem(uri)
             found = fs.exists(inner)
@@ -252,15 +253,19 @@ def load_recipe(path: str, overrides: dict | None = None, *, check_inputs: bool 
             raise ConfigError(f"{path}: {where}: cannot check {uri} ({type(e).__name__}: {e})") from None
         if not found:
             raise ConfigError(f"{path}: {where}: {uri} does not exist")
-        problem = _unreadable(fs, inner)
+        problem, names = _unreadable(fs, inner)
         if problem:
             raise ConfigError(f"{path}: {where}: {uri} {problem}")
+        wrong = column_error(uri, spec.columns, names) if spec and names is not None else None
+        if wrong:
+            raise ConfigError(f"{path}: {where}: {wrong}")
     return recipe
 
 
-def _unreadable(fs, inner: str) -> str | None:
+def _unreadable(fs, inner: str) -> tuple[str | None, list[str] | None]:
     """Why a data file cannot be read, from its cheapest part (a Parquet footer, a JSONL first
-    line), so a truncated file fails the recipe check instead of a stage minutes later."""
+    line), so a truncated file fails the recipe check instead of a stage minutes later; and the
+    columns that part shows (None where it shows none)."""
     import json
 
     import pyarrow.parquet as pq
@@ -268,29 +273,30 @@ def _unreadable(fs, inner: str) -> str | None:
     try:
         if inner.endswith(".parquet"):
             with fs.open(inner, "rb") as f:
-                pq.read_schema(f)
-        elif inner.endswith(".jsonl"):
+                return None, pq.read_schema(f).names
+        if inner.endswith(".jsonl"):
             with fs.open(inner, "r") as f:
                 first = f.readline()
-            if first.strip():
-                json.loads(first)
+            row = json.loads(first) if first.strip() else None
+            return None, list(row) if isinstance(row, dict) else None
     except Exception as e:  # noqa: BLE001 - pyarrow's and json's errors: say what they said
-        return f"is not readable ({type(e).__name__}: {str(e)[:200]})"
-    return None
+        return f"is not readable ({type(e).__name__}: {str(e)[:200]})", None
+    return None, None
 
 
 def _input_files(recipe: Recipe):
+    """(where in the recipe, URI, the problem source's spec or None) of every input file."""
     for i, uri in enumerate(recipe.sft.files):
-        yield f"sft.files.{i}", uri
+        yield f"sft.files.{i}", uri, None
     for section in ("train_problems", "eval_problems"):
         for i, text in enumerate(getattr(recipe, section).files):
             spec = SourceSpec.parse(text)
             if spec.path.startswith(("/", ".", "s3://")) or spec.path.endswith((".parquet", ".jsonl")):
-                yield f"{section}.files.{i}", spec.path  # anything else is a hub dataset name
+                yield f"{section}.files.{i}", spec.path, spec  # anything else is a hub dataset name
     if recipe.base.path and recipe.base.path.startswith(("/", ".", "s3://")):
-        yield "base.path", recipe.base.path
+        yield "base.path", recipe.base.path, None
     if recipe.base.shipped:
-        yield "base.shipped", recipe.base.shipped
+        yield "base.shipped", recipe.base.shipped, None
 
 
 def _set(tree: dict, keys: list[str], value, path: str) -> None:

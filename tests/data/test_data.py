@@ -89,6 +89,33 @@ def test_presets_and_nested_columns(tmp_path):
     assert report.dropped["non_integer_answer"] == 1
 
 
+def test_a_file_whose_columns_do_not_map_is_one_file_level_error_until_mapped(tmp_path):
+    path = tmp_path / "qs.jsonl"
+    path.write_text("".join(json.dumps({"question": f"What is {i}+1?", "solution": str(i + 1)}) + "\n"
+                            for i in range(50)))
+    with pytest.raises(DataError) as e:
+        curate([SourceSpec.parse(str(path))], str(tmp_path / "k.parquet"), str(tmp_path / "r.parquet"))
+    assert str(e.value).startswith(f"{path}: no column 'problem' or 'answer'")
+    assert "its columns: question, solution" in str(e.value) and f"'{path}:problem=<column>,answer=<column>'" in str(e.value)
+    report = curate([SourceSpec.parse(f"{path}:problem=question,answer=solution")], str(tmp_path / "k.parquet"),
+                    str(tmp_path / "r.parquet"))
+    assert report.kept == 50
+    assert read_table(str(tmp_path / "k.parquet"), "problems").to_pylist()[1]["answer"] == "2"
+    with pytest.raises(DataError, match="problem=, answer= and optionally id="):
+        SourceSpec.parse(f"{path}:problem=question,answr=solution")
+
+
+def test_a_problem_text_past_the_limit_is_rejected_as_too_long(tmp_path):
+    rows = [{"problem": "Compute 2+2. " + "x" * 1_000_000, "answer": "4"}, {"problem": "Compute 3+3.", "answer": "6"}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "p.parquet")
+    report = curate([SourceSpec(str(tmp_path / "p.parquet"))], str(tmp_path / "k.parquet"), str(tmp_path / "r.parquet"),
+                    cfg=CurationConfig(max_problem_chars=8000))
+    assert report.kept == 1 and report.dropped["too_long"] == 1
+    (reject,) = read_table(str(tmp_path / "r.parquet"), "rejects").to_pylist()
+    assert reject["reason"] == "too_long" and "1000013 characters (limit 8000)" in reject["detail"]
+    assert len(reject["raw"]) <= 2000
+
+
 def test_files_that_are_not_what_they_claim(tmp_path):
     fake = tmp_path / "fake.parquet"
     fake.write_text("id,problem\n1,hello\n")

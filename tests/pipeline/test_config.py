@@ -112,6 +112,22 @@ def test_a_truncated_input_file_fails_the_recipe_check_naming_it(tmp_path):
         load_recipe("configs/tiny.yaml", {"train_problems": {"files": [str(tmp_path / "bad.jsonl")]}})
 
 
+def test_a_problem_file_whose_columns_do_not_map_fails_the_recipe_check(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"question": "1+1?", "solution": "2"}]), tmp_path / "qs.parquet")
+    path = str(tmp_path / "qs.parquet")
+    with pytest.raises(ConfigError, match=r"train_problems\.files\.0: .*qs\.parquet: no column 'problem' or 'answer' "
+                                          r"for the problem and answer \(its columns: question, solution\)"):
+        load_recipe("configs/tiny.yaml", {"train_problems": {"files": [path]}})
+    (tmp_path / "qs.jsonl").write_text('{"problem": "1+1?", "solution": "2"}\n')
+    with pytest.raises(ConfigError, match=r"no column 'answer' for the answer"):
+        load_recipe("configs/tiny.yaml", {"train_problems": {"files": [str(tmp_path / "qs.jsonl")]}})
+    mapped = load_recipe("configs/tiny.yaml", {"train_problems": {"files": [f"{path}:problem=question,answer=solution"]}})
+    assert mapped.train_problems.files == [f"{path}:problem=question,answer=solution"]
+
+
 def test_an_unknown_key_suggests_the_key_it_resembles():
     with pytest.raises(ConfigError, match=r"rl\.2\.stepz: unknown key \(did you mean 'steps'\?\)"):
         load_recipe("configs/tiny.yaml", {"rl.2.stepz": 3})

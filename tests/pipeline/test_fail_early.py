@@ -95,6 +95,23 @@ def test_a_recipe_is_checked_without_loading_torch_verl_prefect_or_ray():
     assert out.stdout.splitlines()[-2:] == ["exit 1", "[]"], out.stdout + out.stderr
 
 
+def test_a_bad_input_file_is_one_line_and_debug_shows_the_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "qs.jsonl"
+    path.write_text('{"question": "1+1?", "solution": "2"}\n')
+    cmd = [sys.executable, "-m", "rstar.cli", "data", "curate", "--source", str(path), "--out", str(tmp_path / "k.parquet")]
+    plain = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr
+    assert plain.stderr.strip().splitlines() == [
+        f"error: {path}: no column 'problem' or 'answer' for the problem and answer (its columns: question, solution); "
+        f"map yours as '{path}:problem=<column>,answer=<column>' or name a preset "
+        f"(generic, dapo, openmathreasoning, project_euler, aops) as '{path}:<preset>'"]
+    debug = subprocess.run(cmd[:3] + ["--debug"] + cmd[3:], capture_output=True, text=True, timeout=120)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "rstar.data.io.DataError" in debug.stderr
+
+
 def test_a_dead_tracking_server_is_one_line_in_seconds(tmp_path):
     """MLflow's client retried for 4.5 minutes before it said the server was down."""
     from typer.testing import CliRunner
