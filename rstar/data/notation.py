@@ -7,7 +7,9 @@ are what a real base model knows about the words, and SFT asking them would be a
 problems themselves. Without them no rollout ever wrote `pow(...)` for a remainder asked in
 words, so RL had no positive to learn that phrasing from. One form is left out on purpose:
 with "the remainder of a on division by m" -> `a%m`, a power's remainder asked as "multiplying
-a by itself b times ... remainder on division by m" was written `a % b` (0.6.0, docs).
+a by itself b times ... remainder on division by m" was written `a % b` (0.6.0, docs). That
+phrasing has a form of its own instead: without it, the one family phrasing with no form here,
+it stayed unsolved through every RL stage (0.00-0.09 of its held-out samples, 0.11.0).
 """
 from __future__ import annotations
 
@@ -29,5 +31,6 @@ def expression(rng: random.Random, words: bool = True) -> tuple[str, str]:
                   (f"the remainder when {c}^{d} is divided by {m}", f"pow({c}, {d}, {m})"),
                   (f"{a} and {b} multiplied together", f"{a}*{b}"), (f"{c} raised to the power {e}", f"{c}**{e}"),
                   (f"multiplying {c} by itself {e} times", f"{c}**{e}"),
-                  (f"{c} raised to the power {d}, modulo {m}", f"pow({c}, {d}, {m})")]
+                  (f"{c} raised to the power {d}, modulo {m}", f"pow({c}, {d}, {m})"),
+                  (f"multiplying {c} by itself {d} times, the remainder on division by {m}", f"pow({c}, {d}, {m})")]
     return rng.choice(forms)

@@ -9,11 +9,13 @@ from rstar.data.notation import expression
 def test_every_form_is_python_for_what_it_says():
     rng = random.Random(0)
     pairs = [expression(rng) for _ in range(2000)]
-    assert len({re.sub(r"\d+", "N", n) for n, _ in pairs}) == 19   # every form is drawn
+    assert len({re.sub(r"\d+", "N", n) for n, _ in pairs}) == 20   # every form is drawn
     for notation, code in pairs:
         eval(code)  # noqa: S307 - generated arithmetic
         assert re.findall(r"\d+", code) == re.findall(r"\d+", notation), (notation, code)  # same numbers, same order
     assert {"pow(" in c for n, c in pairs if "remainder" in n} == {True, False}  # a^b mod m and plain a mod m
+    # power_mod's "multiplying a by itself b times ... remainder on division by m" has its form too
+    assert {c.startswith("pow(") for n, c in pairs if "by itself" in n and "remainder" in n} == {True}
 
 
 def test_forms_in_words_are_left_out_when_asked():
