@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from dataclasses import dataclass
 
@@ -121,6 +122,23 @@ def render(messages: list[dict], *, tools: list[dict] | None = None, add_generat
 
 def problem_messages(problem: str, style: str = "paper") -> list[dict]:
     return STYLES[style].messages(problem)
+
+
+STYLE_FILE = "rstar.json"  # beside a trained checkpoint: the prompt style it was trained with
+
+
+def save_style(model_dir: str, style: str) -> None:
+    with open(os.path.join(model_dir, STYLE_FILE), "w") as f:
+        json.dump({"prompt_style": style}, f)
+
+
+def saved_style(model_dir: str) -> str | None:
+    """The prompt style a checkpoint was trained with (None: not one this project trained)."""
+    path = os.path.join(model_dir, STYLE_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)["prompt_style"]
 
 
 def tool_turn(responses: list[str]) -> str:

@@ -18,9 +18,11 @@ def eval_command(
     k: int = typer.Option(16), temperature: float = typer.Option(0.6),
     max_response_tokens: int = typer.Option(30_000), max_turns: int = typer.Option(30),
     limit: int = typer.Option(0, help="Only the first N questions of each benchmark (0: all)."),
-    prompt_style: str = typer.Option("paper", help="paper | compact (the tiny recipe's)."),
+    prompt_style: str = typer.Option(None, help="paper | compact. Default: the style each checkpoint was trained "
+                                                "with (stored beside it by the pipeline), else paper."),
 ) -> None:
     """k samples per question; avg pass@1, pass@k, majority vote, lengths, tool use per benchmark."""
+    from rstar.agent.format import saved_style
     from rstar.data.io import read_table, write_json, write_table
     from rstar.eval.benchmarks import load_benchmark
     from rstar.eval.report import write_report
@@ -46,7 +48,8 @@ def eval_command(
         with Progress(TextColumn(f"eval {name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as bar:
             task = bar.add_task("", total=len(problems) * k)
-            records, summaries[name] = evaluate_model(path, problems, cfg, prompt_style=prompt_style, name=name,
+            style = prompt_style or saved_style(path) or "paper"
+            records, summaries[name] = evaluate_model(path, problems, cfg, prompt_style=style, name=name,
                                                       progress=lambda n: bar.advance(task, n))
         write_table(records, os.path.join(out, f"{name}.samples.parquet"), "trajectories")
     write_json(summaries, os.path.join(out, "summary.json"))

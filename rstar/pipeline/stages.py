@@ -13,6 +13,7 @@ import os
 import shutil
 from dataclasses import replace
 
+from rstar.agent.format import save_style
 from rstar.pipeline.config import Recipe
 from rstar.pipeline.progress import StepClock
 from rstar.storage import atomic_write_text, dirs, filesystem, is_remote
@@ -61,20 +62,26 @@ def _load(uri: str):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
 
 
-def _publish(uri: str, fill) -> str:
+def _publish(uri: str, fill, style: str | None = None) -> str:
     """Store a finished model directory at `uri` atomically: `fill(tmp_dir)` writes it, then
-    it replaces the old one whole (and is pushed, for a remote root)."""
-    dirs.replace_dir(dirs.local_dir(uri), fill)
+    it replaces the old one whole (and is pushed, for a remote root). `style`: the prompt style
+    it was trained with, stored beside it (`rstar eval` reads it back)."""
+    def fill_with_style(tmp: str) -> None:
+        fill(tmp)
+        if style:
+            save_style(tmp, style)
+
+    dirs.replace_dir(dirs.local_dir(uri), fill_with_style)
     dirs.push(uri)
     return uri
 
 
-def _save(model, tokenizer, uri: str) -> str:
+def _save(model, tokenizer, uri: str, style: str | None = None) -> str:
     def fill(tmp: str) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 
-    return _publish(uri, fill)
+    return _publish(uri, fill, style)
 
 
 def _model_output(uri: str, stage: str, metrics: dict) -> dict:
@@ -196,7 +203,7 @@ def sft(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     history = train_sft(model, tok, rows, cfg, on_step=lambda s, m: _progress(log, "sft", clock, s, m))
     log.curves(history, ["loss", "lr", "grad_norm"], "sft_curves.png")
     copying = _copy_probe(model, tok, log, recipe, chat=True)
-    return _model_output(_save(model, tok, layout.model("sft")), "sft",
+    return _model_output(_save(model, tok, layout.model("sft"), recipe.prompt_style), "sft",
                          {"final_loss": history[-1]["loss"], **copying})
 
 
@@ -215,7 +222,8 @@ def _sft_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, data: str)
     merged = _run_verl_job(cmd, "sft", log, work, device, lambda: last_checkpoint(work))
     model, tok = _load(merged)
     copying = _copy_probe(model, tok, log, recipe, chat=True)
-    return _model_output(_publish(layout.model("sft"), lambda tmp: shutil.copytree(merged, tmp)), "sft", copying)
+    return _model_output(_publish(layout.model("sft"), lambda tmp: shutil.copytree(merged, tmp), recipe.prompt_style),
+                         "sft", copying)
 
 
 def _work_dir(recipe: Recipe, layout: Layout, stage: str, inputs: dict) -> tuple[str, str]:
@@ -286,7 +294,8 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
     last = history[-1] if history else {}
     # The stage's model is its last checkpoint, trainer state included, so the next stage can
     # carry the AdamW moments over (unless it resets them).
-    final = _publish(layout.model(stage), lambda tmp: shutil.copytree(os.path.join(work, "checkpoint"), tmp))
+    final = _publish(layout.model(stage), lambda tmp: shutil.copytree(os.path.join(work, "checkpoint"), tmp),
+                     recipe.prompt_style)
     # training accuracy at the start and the end of the stage, so its summary shows whether it rose
     ends = {f"accuracy_{name}_{len(part)}_steps": sum(h["accuracy"] for h in part) / len(part)
             for name, part in (("first", history[:5]), ("last", history[-5:])) if part}
@@ -334,7 +343,7 @@ def _run_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str,
     merged = _run_verl_job(cmd, cfg.name, log, work, device, lambda: actor)
     with open(os.path.join(merged, VERL_CHECKPOINT), "w") as f:
         f.write(actor)
-    final = _publish(layout.model(cfg.name), lambda tmp: shutil.copytree(merged, tmp))
+    final = _publish(layout.model(cfg.name), lambda tmp: shutil.copytree(merged, tmp), recipe.prompt_style)
     return _model_output(final, cfg.name, {})
 
 

@@ -62,7 +62,14 @@ def test_eval_command_compares_checkpoints(tiny_dir, tmp_path):
     held_out = str(tmp_path / "held.parquet")
     write_table(synth.generate(2, seed=8, levels=(1,)), held_out, "problems")
     out = tmp_path / "eval"
-    r = CliRunner().invoke(app, ["eval", "--model", f"sft={tiny_dir}", "--model", f"rl1={tiny_dir}",
+    import shutil
+
+    from rstar.agent.format import STYLES, save_style
+
+    trained = str(tmp_path / "rl1")  # as the pipeline publishes a checkpoint: with the prompt style it trained on
+    shutil.copytree(tiny_dir, trained)
+    save_style(trained, "compact")
+    r = CliRunner().invoke(app, ["eval", "--model", f"sft={tiny_dir}", "--model", f"rl1={trained}",
                                  "--bench", f"problems={held_out}", "--out", str(out), "--k", "2",
                                  "--max-response-tokens", "16", "--max-turns", "1"])
     assert r.exit_code == 0, r.output
@@ -71,6 +78,10 @@ def test_eval_command_compares_checkpoints(tiny_dir, tmp_path):
     report = (out / "report.md").read_text()
     assert "sft avg@1" in report and "rl1 avg@1" in report  # side by side
     assert len(read_table(str(out / "sft.samples.parquet"), "trajectories")) == 4
+    prompts = {name: read_table(str(out / f"{name}.samples.parquet"), "trajectories").column("prompt_text")[0].as_py()
+               for name in ("sft", "rl1")}
+    assert STYLES["compact"].system in prompts["rl1"]  # read back from the checkpoint
+    assert STYLES["paper"].system.split("\n")[0] in prompts["sft"] and STYLES["compact"].system not in prompts["sft"]
     assert "<th>rl1 avg pass@1</th>" in (out / "report.html").read_text()
     for png in ("accuracy.png", "length.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

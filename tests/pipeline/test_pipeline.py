@@ -142,6 +142,9 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     problems_inputs = {d.dataset.name: d.dataset.digest for d in children["problems"].inputs.dataset_inputs}
     assert problems_inputs["train_problems"] == outs["problems"]["train_digest"] != "-"
 
+    from rstar.agent.format import saved_style
+
+    assert {saved_style(outs[s]["model"]) for s in ("sft", "rl1", "rl2", "rl3")} == {recipe.prompt_style}
     lin = lineage(recipe.tracking.tracking_uri, outs["rl3"]["model_version"])
     assert [link.stage for link in lin.chain] == ["base", "sft", "rl1", "rl2", "rl3"]
     assert [link.version for link in lin.chain] == [outs[s]["model_version"] for s in ["base", "sft", "rl1", "rl2", "rl3"]]
