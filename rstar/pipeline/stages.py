@@ -219,7 +219,7 @@ def _sft_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, data: str)
     cmd = sft_command(cfg, model=dirs.pull(inputs["model"]), train_files=data, out_dir=work,
                       n_gpus=int(recipe.resources.gpus) or 1, nodes=recipe.resources.nodes,
                       experiment=recipe.tracking.experiment, device=device)
-    merged = _run_verl_job(cmd, "sft", log, work, device, lambda: last_checkpoint(work))
+    merged = _run_verl_job(cmd, "sft", log, work, device, int(recipe.resources.cpus), lambda: last_checkpoint(work))
     model, tok = _load(merged)
     copying = _copy_probe(model, tok, log, recipe, chat=True)
     return _model_output(_publish(layout.model("sft"), lambda tmp: shutil.copytree(merged, tmp), recipe.prompt_style),
@@ -340,16 +340,17 @@ def _run_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str,
                          val_problems=held_out if fs.exists(path) else None, experiment=recipe.tracking.experiment,
                          optimizer_from=optimizer_from, device=device)
     actor = os.path.join(work, f"global_step_{cfg.steps}", "actor")
-    merged = _run_verl_job(cmd, cfg.name, log, work, device, lambda: actor)
+    merged = _run_verl_job(cmd, cfg.name, log, work, device, int(recipe.resources.cpus), lambda: actor)
     with open(os.path.join(merged, VERL_CHECKPOINT), "w") as f:
         f.write(actor)
     final = _publish(layout.model(cfg.name), lambda tmp: shutil.copytree(merged, tmp), recipe.prompt_style)
     return _model_output(final, cfg.name, {})
 
 
-def _run_verl_job(cmd: list[str], stage: str, log, work: str, device: str, checkpoint) -> str:
-    """Run a verl command for `stage` in its work directory, then merge the FSDP checkpoint
-    `checkpoint()` names into `work/hf` with verl's model merger; return that directory."""
+def _run_verl_job(cmd: list[str], stage: str, log, work: str, device: str, threads: int, checkpoint) -> str:
+    """Run a verl command for `stage` in its work directory (`threads`: torch threads per process
+    on the CPU), then merge the FSDP checkpoint `checkpoint()` names into `work/hf` with verl's
+    model merger; return that directory."""
     import subprocess
 
     from rstar.train.verl_launcher import merge_command, verl_env
@@ -359,7 +360,7 @@ def _run_verl_job(cmd: list[str], stage: str, log, work: str, device: str, check
     run_id = getattr(log, "run_id", None)
     mlflow_env = {"MLFLOW_TRACKING_URI": log.tracking_uri, "MLFLOW_RUN_ID": run_id} if run_id else {}
     print(f"[{stage}] verl ({device}): {' '.join(cmd[:3])} ...", flush=True)
-    env = {**os.environ, **verl_env(device), **mlflow_env}
+    env = {**os.environ, **verl_env(device, threads), **mlflow_env}
     if device == "cpu":
         env.pop("RAY_ADDRESS", None)  # verl on the CPU starts a Ray of its own, with its training slots
     else:  # verl joins the Ray this stage runs on (the cluster), where its GPUs are

@@ -106,15 +106,16 @@ def cpu_overrides(processes: int) -> list[str]:
     ]
 
 
-def verl_env(device: str = "gpu") -> dict[str, str]:
+def verl_env(device: str = "gpu", threads: int | None = None) -> dict[str, str]:
     """Environment for the verl command: without verl's warning, in every one of its processes,
     for each optional training engine not installed (torchtitan, veomni, megatron...); on the
-    CPU, the platform plug-in loaded in every verl process."""
+    CPU, the platform plug-in loaded in every verl process, and `threads` torch threads (default:
+    every core) in its training processes, which Ray would otherwise start with one."""
     quiet = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), "ignore::UserWarning:verl.workers.engine"]))
     if device != "cpu":
         return {"PYTHONWARNINGS": quiet}
     return {"PYTHONWARNINGS": quiet, "VERL_USE_EXTERNAL_MODULES": "rstar.train.verl_cpu", "VERL_PLATFORM": "cpu",
-            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "OMP_NUM_THREADS": str(threads or os.cpu_count() or 1)}
 
 
 def merge_command(checkpoint: str, target: str) -> list[str]:

@@ -185,3 +185,22 @@ def test_a_verl_stage_with_an_unreachable_sandbox_fails_before_verl_starts(tmp_p
     with pytest.raises(SandboxUnreachable, match=f"sandbox service {dead} does not answer"):
         stages.rl(recipe, stages.Layout(recipe.storage_root), {"model": "m", "problems": "p"}, None, stage="rl1")
     assert launched == []  # verl never started
+
+
+def test_verls_training_processes_on_the_cpu_get_the_recipes_threads():
+    """Ray starts a task without CPUs of its own on one torch thread; verl's training process is
+    such a task (it holds a "GPU" slot), so verl on the CPU trained at half speed on 2 cores."""
+    import os
+    import subprocess
+    import sys
+
+    from rstar.train.verl_launcher import verl_env
+
+    probe = ("import ray\nray.init(num_gpus=1, num_cpus=4, include_dashboard=False, object_store_memory=10**8)\n"
+             "def threads():\n    import torch\n    return torch.get_num_threads()\n"
+             "print('threads', ray.get(ray.remote(num_gpus=1, num_cpus=0)(threads).remote()))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RAY_ADDRESS")}
+    for given, expected in ((None, "1"), (2, "2")):
+        run_env = {**env, **verl_env("cpu", given)} if given else {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        out = subprocess.run([sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, timeout=300)
+        assert f"threads {expected}" in out.stdout, out.stdout + out.stderr[-2000:]
