@@ -70,9 +70,24 @@ def _run(recipe, config: str) -> dict:
         raise
     ml.set_tags(uri, parent, {f"rstar.{k}.model_version": v["model_version"] for k, v in outs.items()
                               if "model_version" in v})
+    _mark_reused(uri, parent, recipe, outs)
     ml.end_run(uri, parent)
     _where_to_look(recipe, config, uri, parent, outs)
     return outs
+
+
+def _mark_reused(uri: str, parent: str, recipe, outs: dict) -> None:
+    """Stages served from Prefect's cache ran under an earlier pipeline run: this run links to
+    their runs (`rstar.<stage>.reused_run`) and, when it ran nothing itself, says so in its name."""
+    c = ml.client(uri)
+    reused = {stage: out["mlflow_run_id"] for stage, out in outs.items()
+              if c.get_run(out["mlflow_run_id"]).data.tags.get(ml.PIPELINE) != parent}
+    if not reused:
+        return
+    ml.set_tags(uri, parent, {"rstar.cached_stages": ",".join(reused),
+                              **{f"rstar.{stage}.reused_run": run_id for stage, run_id in reused.items()}})
+    if len(reused) == len(outs):
+        c.update_run(parent, name=f"pipeline:{recipe.name} (all stages cached)")
 
 
 def _where_to_look(recipe, config: str, uri: str, parent: str, outs: dict) -> None:

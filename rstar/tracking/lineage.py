@@ -1,12 +1,12 @@
 """`rstar lineage`: the chain data -> base -> SFT -> RL stages -> evaluation of one model
-version, read from MLflow alone (model-version tags, the runs behind them, their dataset
-inputs with digests, and the evaluation runs that name the version)."""
+version, read from MLflow alone (the problems stage's datasets, model-version tags, the runs
+behind them, their dataset inputs with digests, and the evaluation runs that name the version)."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from rstar.tracking.mlflow_log import DIGEST, EVAL_LABEL, EVALUATES, INPUT_MODEL, STAGE, client
+from rstar.tracking.mlflow_log import DIGEST, EVAL_LABEL, EVALUATES, INPUT_MODEL, PIPELINE, STAGE, client
 
 
 @dataclass
@@ -22,6 +22,7 @@ class Link:
 
 @dataclass
 class Lineage:
+    data: list[dict]              # the problems stage's datasets (train and held-out, with digests)
     chain: list[Link]             # oldest (base) first, the asked-for version last
     evaluations: list[dict]       # per run evaluating it: run_id, label, date, settings, data, avg pass@1 metrics
 
@@ -45,15 +46,17 @@ def lineage(tracking_uri: str, version: str, default_name: str | None = None) ->
         name, number = _split(current, None)
         mv = c.get_model_version(name, number)
         run = c.get_run(mv.run_id)
-        datasets = [{"name": d.dataset.name, "digest": d.dataset.digest, "source": d.dataset.source,
-                     "context": next((t.value for t in d.tags if t.key == "mlflow.data.context"), "")}
-                    for d in run.inputs.dataset_inputs]
         chain.append(Link(current, mv.tags.get(STAGE, "?"), mv.run_id, mv.source, mv.tags.get(DIGEST, ""),
-                          datasets, dict(run.data.metrics)))
+                          _datasets(run), dict(run.data.metrics)))
         current = mv.tags.get(INPUT_MODEL)
     chain.reverse()
-    target = chain[-1].version
     exp_ids = [e.experiment_id for e in c.search_experiments()]
+    # the data the chain trained on: the problems stage of the pipeline run that made its first model
+    first = c.get_run(chain[0].run_id)
+    made = c.search_runs([first.info.experiment_id], f"tags.`{STAGE}` = 'problems' and "
+                                                     f"tags.`{PIPELINE}` = '{first.data.tags.get(PIPELINE, '')}'")
+    data = _datasets(made[0]) if made else []
+    target = chain[-1].version
     tag = f"{EVALUATES}.{target}"   # its value: the model's name inside that evaluation
     runs = c.search_runs(exp_ids, filter_string=f"tags.`{tag}` LIKE '%'") if exp_ids else []
     evaluations = [{"run_id": r.info.run_id, "label": r.data.tags.get(EVAL_LABEL, r.info.run_name),
@@ -64,13 +67,19 @@ def lineage(tracking_uri: str, version: str, default_name: str | None = None) ->
                     "metrics": {k.split("/", 2)[2]: v for k, v in r.data.metrics.items()
                                 if k.startswith(f"eval/{r.data.tags[tag]}/") and "avg_pass" in k}}
                    for r in sorted(runs, key=lambda r: r.info.start_time)]
-    return Lineage(chain, evaluations)
+    return Lineage(data, chain, evaluations)
+
+
+def _datasets(run) -> list[dict]:
+    return [{"name": d.dataset.name, "digest": d.dataset.digest, "source": d.dataset.source,
+             "context": next((t.value for t in d.tags if t.key == "mlflow.data.context"), "")}
+            for d in run.inputs.dataset_inputs]
 
 
 def format_lineage(lin: Lineage) -> str:
-    lines = []
+    lines = [f"   data      dataset {d['name']} digest {d['digest']} {d['source']}" for d in lin.data]
     for i, link in enumerate(lin.chain):
-        arrow = "   " if i == 0 else "-> "
+        arrow = "   " if i == 0 and not lin.data else "-> "
         lines.append(f"{arrow}{link.stage:<9} {link.version:<16} run {link.run_id[:12]}  digest {link.digest}  "
                      f"{link.source}")
         for d in link.datasets:

@@ -147,6 +147,8 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     assert {saved_style(outs[s]["model"]) for s in ("sft", "rl1", "rl2", "rl3")} == {recipe.prompt_style}
     lin = lineage(recipe.tracking.tracking_uri, outs["rl3"]["model_version"])
     assert [link.stage for link in lin.chain] == ["base", "sft", "rl1", "rl2", "rl3"]
+    assert {d["name"]: d["digest"] for d in lin.data} == {"train_problems": outs["problems"]["train_digest"],
+                                                         "eval_problems": outs["problems"]["eval_digest"]}
     assert [link.version for link in lin.chain] == [outs[s]["model_version"] for s in ["base", "sft", "rl1", "rl2", "rl3"]]
     rl3_data = {d["name"]: d["digest"] for d in lin.chain[-1].datasets}
     assert rl3_data["rl_problems"] == outs["mine"]["problems_digest"]   # stage 3 trained on the mined set
@@ -193,6 +195,17 @@ def test_rerunning_a_finished_pipeline_serves_every_stage_from_cache(finished_lo
     assert all(s == ["Cached"] for s in states.values()), states
     assert {k: v.get("model_version") for k, v in state.result().items()} == \
         {k: v.get("model_version") for k, v in outs.items()}
+    # the re-run's MLflow run is not an empty mystery: it says it reused every stage, and whose runs
+    from mlflow import MlflowClient
+
+    recipe = load_recipe(path)
+    c = MlflowClient(recipe.tracking.tracking_uri)
+    exp = c.get_experiment_by_name(recipe.tracking.experiment)
+    (rerun,) = c.search_runs([exp.experiment_id], "tags.`rstar.pipeline` = 'root'", order_by=["start_time DESC"],
+                             max_results=1)
+    assert rerun.info.run_name == f"pipeline:{recipe.name} (all stages cached)"
+    assert set(rerun.data.tags["rstar.cached_stages"].split(",")) == set(STAGES)
+    assert rerun.data.tags["rstar.rl3.reused_run"] == outs["rl3"]["mlflow_run_id"]
 
 
 def test_pipeline_on_s3(prefect_api, s3, tmp_path):
@@ -301,7 +314,7 @@ def test_lineage_command_prints_the_chain(finished_local):
     lines = result.output.splitlines()
     stages = [line.split()[1] if line.startswith("->") else line.split()[0] for line in lines
               if line.strip() and not line.startswith("       ")]
-    assert stages[:5] == ["base", "sft", "rl1", "rl2", "rl3"]
+    assert stages[:7] == ["data", "data", "base", "sft", "rl1", "rl2", "rl3"]  # from the problems to the model
     assert "-> evaluation eval " in result.output and outs["mine"]["problems_digest"] in result.output
     assert f"on eval_problems digest {outs['problems']['eval_digest']}" in result.output
     assert "settings k=1 " in result.output
