@@ -16,8 +16,8 @@ from rstar.tracking.digest import digest
 from tasks.stage import submit
 
 
-def resolve_versions(uri: str, model_name: str, versions: list[str]) -> dict[str, str]:
-    """{"name/version": source}; "latest" means the newest version of the recipe's model."""
+def resolve_versions(uri: str, model_name: str, versions: list[str]) -> dict[str, tuple[str, str]]:
+    """{"name/version": (source, digest registered)}; "latest" means the newest version of the recipe's model."""
     c = ml.client(uri)
     out = {}
     for v in versions:
@@ -27,7 +27,8 @@ def resolve_versions(uri: str, model_name: str, versions: list[str]) -> dict[str
                 raise ValueError(f"no versions of {model_name!r} are registered yet")
             v = f"{model_name}/{found[0].version}"
         name, _, number = v.rpartition("/") if "/" in v else (model_name, "/", v)
-        out[f"{name}/{number}"] = c.get_model_version(name, number).source
+        mv = c.get_model_version(name, number)
+        out[f"{name}/{number}"] = (mv.source, mv.tags.get(ml.DIGEST))
     return out
 
 
@@ -47,7 +48,8 @@ def reevaluate(config: str = "configs/tiny.yaml", versions: list[str] | None = N
             problems = data["eval"]
         names = {v: v.replace("/", "-v") for v in sources}
         out = submit("evaluate", recipe, {
-            "models": {names[v]: src for v, src in sources.items()},
+            "models": {names[v]: src for v, (src, _) in sources.items()},
+            "digests": {names[v]: registered for v, (_, registered) in sources.items() if registered},
             "versions": {names[v]: v for v in sources},
             "problems": problems, "problems_digest": digest(problems),
             "report_name": f"reeval-{time.strftime('%Y%m%d-%H%M%S')}"}, parent)

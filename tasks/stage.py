@@ -16,6 +16,7 @@ from rstar.pipeline.config import Recipe
 from rstar.pipeline.launch import run_job
 from rstar.pipeline.plan import stage_names
 from rstar.pipeline.stages import Layout, outputs_exist, summary_markdown
+from rstar.storage import dirs
 from rstar.tracking import mlflow_log as ml
 
 
@@ -45,7 +46,9 @@ def run_stage(stage: str, recipe: Recipe, inputs: dict, parent_run_id: str) -> d
         raise
     out["mlflow_run_id"] = run_id
     if "model" in out:
-        out["model_version"] = ml.register(uri, recipe.tracking.registered_model, out["model"], run_id, stage,
+        # the version points at a copy later runs on this root cannot overwrite (models/<stage> is replaced)
+        source = dirs.snapshot(out["model"], Layout(recipe.storage_root).registered(stage, out["model_digest"]))
+        out["model_version"] = ml.register(uri, recipe.tracking.registered_model, source, run_id, stage,
                                            out["model_digest"], inputs.get("input_model"))
         ml.set_tags(uri, run_id, {"rstar.model_version": out["model_version"]})
     ml.end_run(uri, run_id)

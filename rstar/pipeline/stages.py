@@ -14,6 +14,7 @@ import shutil
 from dataclasses import replace
 
 from rstar.agent.format import save_style
+from rstar.errors import NotRetryable
 from rstar.pipeline.config import Recipe
 from rstar.pipeline.progress import StepClock
 from rstar.storage import atomic_write_text, dirs, filesystem, is_remote
@@ -35,6 +36,10 @@ class Layout:
 
     def model(self, stage: str) -> str:
         return f"{self.root}/models/{stage}"
+
+    def registered(self, stage: str, digest: str) -> str:
+        """Where a registered version of a stage's model lies, never overwritten (dirs.snapshot)."""
+        return f"{self.root}/registry/{stage}-{digest}"
 
     def trajectories(self, stage: str) -> str:
         return f"{self.root}/trajectories/stage={stage}"
@@ -427,6 +432,10 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
                 context="evaluation")
     summaries = {}
     for name, uri in inputs["models"].items():
+        expected = inputs.get("digests", {}).get(name)
+        if expected and digest(dirs.pull(uri)) != expected:  # e.g. a registered version's files, changed since
+            raise NotRetryable(f"{name}: the files at {uri} have digest {digest(dirs.pull(uri))}, not the "
+                               f"{expected} they were registered with")
         records, summaries[name] = evaluate_model(dirs.pull(uri), problems_, recipe.eval,
                                                   prompt_style=recipe.prompt_style, name=name, **serving(recipe))
         write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")

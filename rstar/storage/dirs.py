@@ -67,6 +67,34 @@ def push(uri: str, src: str | None = None) -> None:
         fs.rm(f"{root}/{pointer['dir']}", recursive=True)
 
 
+def snapshot(uri: str, dst: str) -> str:
+    """An immutable copy, at `dst`, of the directory stored at `uri`, for a registered model
+    version to point at while `uri` itself is replaced by later runs: hard links for a local
+    root (no bytes copied), a server-side copy of the current version for a remote one. `dst`
+    is named by the content's digest, so an existing one is already the same copy."""
+    if not is_remote(uri):
+        if not os.path.isdir(dst):
+            tmp = dst + ".tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(uri, tmp, copy_function=_link_or_copy)
+            os.rename(tmp, dst)
+        return dst
+    fs, root = filesystem(uri)
+    _, dst_root = filesystem(dst)
+    if _pointer(fs, dst_root) is None:
+        pointer = _pointer(fs, root)
+        fs.copy(f"{root}/{pointer['dir']}", f"{dst_root}/{pointer['dir']}", recursive=True)
+        atomic_write_text(f"{dst}/{POINTER}", json.dumps(pointer))
+    return dst
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem, or links not allowed: a plain copy
+        shutil.copy2(src, dst)
+
+
 def pull(uri: str) -> str | None:
     """The directory stored at `uri` as a local path, or None when nothing is stored there."""
     if not is_remote(uri):

@@ -115,3 +115,25 @@ def test_the_same_checkpoint_evaluated_twice_gives_the_same_figures(tiny_dir):
     assert len(set(texts(first))) > 1  # sampled, not one greedy text
     other, _ = evaluate_model(tiny_dir, problems, EvalConfig(**{**cfg.__dict__, "seed": 1}), name="rl3")
     assert texts(other) != texts(first)  # the seed is what decides
+
+
+def test_a_model_whose_files_changed_since_registration_is_refused(tiny_dir, tmp_path):
+    import pytest
+
+    from rstar.data.io import write_table
+    from rstar.errors import NotRetryable
+    from rstar.pipeline import stages
+    from rstar.pipeline.config import load_recipe
+    from rstar.tracking.digest import digest
+    from rstar.tracking.mlflow_log import NullLog
+
+    recipe = load_recipe("configs/tiny.yaml", {"storage_root": str(tmp_path / "root"), "eval.k": 1,
+                                               "eval.max_response_tokens": 8})
+    held_out = write_table(synth.generate(1, seed=8, levels=(1,)), str(tmp_path / "held.parquet"), "problems")
+    inputs = {"models": {"rl1": tiny_dir}, "problems": held_out, "digests": {"rl1": "0123456789abcdef"}}
+    with pytest.raises(NotRetryable, match=f"rl1: the files at {tiny_dir} have digest {digest(tiny_dir)}, "
+                                           "not the 0123456789abcdef they were registered with"):
+        stages.evaluate(recipe, stages.Layout(recipe.storage_root), inputs, NullLog())
+    out = stages.evaluate(recipe, stages.Layout(recipe.storage_root), {**inputs, "digests": {"rl1": digest(tiny_dir)}},
+                          NullLog())
+    assert list(out["summaries"]) == ["rl1"]

@@ -12,6 +12,7 @@ from rstar.data.schema import schema
 from rstar.pipeline.bench import pipeline_report
 from rstar.pipeline.config import load_recipe
 from rstar.eval.run import overall_accuracy
+from rstar.tracking.digest import digest
 from rstar.storage import filesystem
 from rstar.tracking import mlflow_log as ml
 from rstar.tracking.lineage import lineage
@@ -146,6 +147,11 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
 
     assert {saved_style(outs[s]["model"]) for s in ("sft", "rl1", "rl2", "rl3")} == {recipe.prompt_style}
     lin = lineage(recipe.tracking.tracking_uri, outs["rl3"]["model_version"])
+    # each version points at its own copy under registry/, which later runs on the root never overwrite
+    root = os.path.dirname(os.path.dirname(outs["rl3"]["model"]))
+    for link in lin.chain:
+        assert link.source == os.path.join(root, "registry", f"{link.stage}-{link.digest}")
+        assert digest(link.source) == outs[link.stage]["model_digest"] == link.digest
     assert [link.stage for link in lin.chain] == ["base", "sft", "rl1", "rl2", "rl3"]
     assert {d["name"]: d["digest"] for d in lin.data} == {"train_problems": outs["problems"]["train_digest"],
                                                          "eval_problems": outs["problems"]["eval_digest"]}
@@ -222,7 +228,9 @@ def test_pipeline_on_s3(prefect_api, s3, tmp_path):
     assert fs.exists("rstar-test/pipeline/models/rl3/latest.json")
     _check_trajectories(recipe, outs)
     lin = lineage(recipe.tracking.tracking_uri, outs["rl3"]["model_version"])
-    assert [link.source for link in lin.chain][-1] == f"{s3}/pipeline/models/rl3"
+    last = lin.chain[-1]  # the version's own copy on S3, readable after models/rl3 is replaced
+    assert last.source == f"{s3}/pipeline/registry/rl3-{outs['rl3']['model_digest']}"
+    assert fs.exists(f"rstar-test/pipeline/registry/rl3-{outs['rl3']['model_digest']}/latest.json")
 
 
 def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(prefect_api, finished_local, tmp_path):

@@ -67,3 +67,25 @@ def test_an_atomic_write_gets_the_mode_of_a_plain_write(tmp_path):
     plain.write_text("x")
     atomic_write_text(str(tmp_path / "atomic.txt"), "x")
     assert (tmp_path / "atomic.txt").stat().st_mode == plain.stat().st_mode  # not mkstemp's 0600
+
+
+def test_a_snapshot_keeps_a_registered_version_while_the_stage_directory_is_replaced(s3, tmp_path, monkeypatch):
+    # a local root: hard links, so no bytes are copied, and a replaced directory leaves them intact
+    stage = str(tmp_path / "models" / "rl1")
+    _fill(stage, "run one")
+    snap = dirs.snapshot(stage, str(tmp_path / "registry" / "rl1-aaaa"))
+    assert os.stat(os.path.join(snap, "config.json")).st_ino == os.stat(os.path.join(stage, "config.json")).st_ino
+    dirs.replace_dir(stage, lambda tmp: _fill(tmp, "run two"))  # how a later run publishes
+    assert open(os.path.join(snap, "config.json")).read() == "config.json:run one"
+    assert dirs.snapshot(stage, snap) == snap and open(os.path.join(snap, "config.json")).read() == "config.json:run one"
+    # an S3 root: a copy of the version the pointer names, itself a pulled directory
+    monkeypatch.setenv("RSTAR_CACHE", str(tmp_path / "cache"))
+    uri = f"{s3}/snap/models/rl1"
+    _fill(dirs.local_dir(uri), "one")
+    dirs.push(uri)
+    remote = dirs.snapshot(uri, f"{s3}/snap/registry/rl1-bbbb")
+    _fill(dirs.local_dir(uri), "two")
+    dirs.push(uri)  # removes the version the snapshot was taken from
+    monkeypatch.setenv("RSTAR_CACHE", str(tmp_path / "reader"))
+    assert open(os.path.join(dirs.pull(remote), "config.json")).read() == "config.json:one"
+    assert open(os.path.join(dirs.pull(uri), "config.json")).read() == "config.json:two"
