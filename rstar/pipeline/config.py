@@ -171,7 +171,7 @@ class Recipe(_Strict):
         dump = self.model_dump(mode="json")
         # the engine too where it runs the stage (verl or the local trainer; replicas or in process):
         # switching it must not serve the other engine's result from cache
-        parts = {"base": ["base"], "problems": ["train_problems", "eval_problems"], "sft": ["sft", "prompt_style"],
+        parts = {"base": ["base"], "problems": ["train_problems", "eval_problems"], "sft": ["sft", "prompt_style", "engine"],
                  "mine": ["mine", "prompt_style", "engine"], "evaluate": ["eval", "expect", "prompt_style", "engine"]}
         if stage in parts:
             return {k: dump[k] for k in parts[stage]}

@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 from rstar.data.io import read_table
 from rstar.train.config import SFTConfig
 from rstar.train.sft import encode_example
+from rstar.train.verl_launcher import FP32
 
 ENTRY = "rstar.train.verl_sft"
 
@@ -71,7 +72,8 @@ def sft_overrides(cfg: SFTConfig, *, model: str, train_files: str, out_dir: str,
         f"trainer.project_name={experiment}", "trainer.experiment_name=sft",
     ]
     if device == "cpu":  # verl on this machine's CPU (rstar.train.verl_cpu): float32, no fused kernels
-        overrides += ["trainer.device=cpu", "engine.dtype=float32", "engine.use_torch_compile=false",
+        overrides += ["trainer.device=cpu", "engine.dtype=float32", f"+engine.mixed_precision={FP32}",
+                      "engine.use_torch_compile=false",
                       "model.use_remove_padding=false", "model.enable_gradient_checkpointing=false",
                       "+model.override_config.attn_implementation=sdpa"]
     return overrides

@@ -137,10 +137,11 @@ def test_an_unknown_key_suggests_the_key_it_resembles():
         load_recipe("configs/tiny.yaml", {"zzz": 1})
 
 
-def test_switching_the_engine_changes_the_rl_stages_cache_key_not_sfts():
+def test_switching_the_engine_changes_the_cache_key_of_every_stage_it_runs():
     local = load_recipe("configs/tiny-verl.yaml", {"engine": "local"})
     verl = load_recipe("configs/tiny-verl.yaml")
     inputs = {"model": "m", "model_digest": "d"}
-    assert local.cache_key("sft", inputs) == verl.cache_key("sft", inputs)
-    for stage in ("rl1", "mine", "evaluate"):
+    for stage in ("base", "problems"):  # made the same way by either
+        assert local.cache_key(stage, inputs) == verl.cache_key(stage, inputs)
+    for stage in ("sft", "rl1", "mine", "evaluate"):  # verl's SFT trainer is not the local one
         assert local.cache_key(stage, inputs) != verl.cache_key(stage, inputs)
