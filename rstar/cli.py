@@ -13,12 +13,15 @@ from rstar.rollout.cli import bench_scheduler_command, rollout_command
 
 app = typer.Typer(help="rstar: agentic RL for math reasoning, as a pipeline people can run.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
+_debug = {"on": False}  # `rstar --debug`, read by main() when a command fails
 
 
 @app.callback()
 def _options(debug: bool = typer.Option(False, "--debug", help="Show the traceback of an error in a file, "
                                                                "recipe or setting instead of one line.")) -> None:
-    """rstar: agentic RL for math reasoning, as a pipeline people can run."""
+    _debug["on"] = debug
+
+
 sandbox_app = typer.Typer(help="The isolated Python sandbox that runs the model's tool calls.",
                           no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
@@ -295,7 +298,7 @@ def main() -> None:
     try:
         app()
     except NotRetryable as e:
-        if "--debug" in sys.argv[1:] or os.environ.get("RSTAR_DEBUG"):
+        if _debug["on"] or os.environ.get("RSTAR_DEBUG"):
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

@@ -87,7 +87,7 @@ class Trajectory:
     @property
     def num_sandbox_failures(self) -> int:
         """Calls the sandbox never ran (rstar.rollout.runner.sandbox_failure_rate)."""
-        return sum(c.status == "rejected" for c in self.tool_calls)
+        return sum(c.status == Status.REJECTED.value for c in self.tool_calls)
 
     @property
     def num_answers(self) -> int:

@@ -225,8 +225,9 @@ def _sft_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, data: str)
                       n_gpus=int(recipe.resources.gpus) or 1, nodes=recipe.resources.nodes,
                       experiment=recipe.tracking.experiment, device=device)
     merged = _run_verl_job(cmd, "sft", log, work, device, int(recipe.resources.cpus), lambda: last_checkpoint(work))
-    model, tok = _load(merged)
-    copying = _copy_probe(model, tok, log, recipe, chat=True)
+    copying = {}
+    if recipe.base.build_tiny:  # the copy probes are the tiny model's diagnostic; a real one is never loaded here
+        copying = _copy_probe(*_load(merged), log, recipe, chat=True)
     return _model_output(_publish(layout.model("sft"), lambda tmp: shutil.copytree(merged, tmp), recipe.prompt_style),
                          "sft", copying)
 
@@ -432,11 +433,11 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
                 context="evaluation")
     summaries = {}
     for name, uri in inputs["models"].items():
-        expected = inputs.get("digests", {}).get(name)
-        if expected and digest(dirs.pull(uri)) != expected:  # e.g. a registered version's files, changed since
-            raise NotRetryable(f"{name}: the files at {uri} have digest {digest(dirs.pull(uri))}, not the "
-                               f"{expected} they were registered with")
-        records, summaries[name] = evaluate_model(dirs.pull(uri), problems_, recipe.eval,
+        path, expected = dirs.pull(uri), inputs.get("digests", {}).get(name)
+        if expected and (found := digest(path)) != expected:  # e.g. a registered version's files, changed since
+            raise NotRetryable(f"{name}: the files at {uri} have digest {found}, not the {expected} they were "
+                               "registered with")
+        records, summaries[name] = evaluate_model(path, problems_, recipe.eval,
                                                   prompt_style=recipe.prompt_style, name=name, **serving(recipe))
         write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
     write_json(summaries, f"{out_dir}/summary.json")

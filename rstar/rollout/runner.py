@@ -9,6 +9,7 @@ from collections.abc import Callable
 from rstar.agent.loop import AgentLoop, Trajectory
 from rstar.reward.extract import extract_answer
 from rstar.reward.score import BatchScorer, ScoreItem
+from rstar.sandbox.result import Status
 
 
 async def sample(loop: AgentLoop, problems: list[dict], k: int, *, stage: str = "rollout", policy_step: int = 0,
@@ -65,7 +66,7 @@ def sandbox_failure_rate(records: list[dict]) -> float:
     tool call: the infrastructure failing, apart from errors in the model's code. Above zero,
     the model is being trained on error responses it did not cause."""
     calls = sum(r["num_tool_calls"] for r in records)
-    failed = sum(c["status"] == "rejected" for r in records for c in json.loads(r["tool_calls"]))
+    failed = sum(c["status"] == Status.REJECTED.value for r in records for c in json.loads(r["tool_calls"]))
     return failed / calls if calls else 0.0
 
 

@@ -16,8 +16,6 @@ from rstar.model.pretrain import PretrainConfig, TextSource, packed_batch
 from rstar.train.config import SFTConfig
 
 
-
-
 def encode_example(tokenizer, messages: list[dict], max_length: int,
                    prompt_style: str = "paper") -> tuple[list[int], list[int]]:
     """Token ids and a loss mask (1 on assistant tokens) for one conversation, with the same
