@@ -6,11 +6,10 @@ hard -> RL stage 3 -> evaluation, one retryable, cached Prefect task per stage.
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
-from prefect.runtime import flow_run
 
+from flows.reconcile import claim_root
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.stages import Layout
-from rstar.storage.lock import hold_root
 from rstar.tracking import mlflow_log as ml
 from tasks.stage import submit
 
@@ -22,9 +21,10 @@ def _model_inputs(out: dict) -> dict:
 @flow(name="rstar-pipeline", log_prints=True)
 def pipeline(config: str = "configs/tiny.yaml", overrides: dict | None = None) -> dict:
     """Run the recipe in `config` (overrides: {"rl.0.steps": 2, ...}). Returns every stage's outputs.
-    One run per storage root at a time: a second one fails at once naming the first (rstar.storage.lock)."""
+    One run per storage root at a time: a second one fails at once naming the first; what a
+    killed run on the root left RUNNING is marked Crashed (Prefect) or FAILED (MLflow) first."""
     recipe = load_recipe(config, overrides)
-    with hold_root(Layout(recipe.storage_root).root, f"flow run {flow_run.get_name()} ({flow_run.get_id()})"):
+    with claim_root(Layout(recipe.storage_root).root):
         return _run(recipe, config)
 
 

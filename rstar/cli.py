@@ -54,15 +54,14 @@ def pipeline_run(config: str = typer.Option("configs/tiny.yaml", help="The recip
 
     from rstar.pipeline.config import ConfigError, load_recipe
     from rstar.pipeline.stages import Layout
-    from rstar.storage.lock import RootBusy, hold_root
+    from rstar.storage.lock import RootBusy, check_free
     from rstar.tracking.mlflow_log import TrackingUnreachable, absolute_uri, check_reachable
 
     overrides = _overrides(set_)
     try:  # what cannot run fails here, in one line, before Prefect starts (the flow checks again)
         recipe = load_recipe(config, overrides)
         check_reachable(absolute_uri(recipe.tracking.tracking_uri))
-        with hold_root(Layout(recipe.storage_root).root, "rstar pipeline run (checking)"):
-            pass
+        check_free(Layout(recipe.storage_root).root)
     except (ConfigError, TrackingUnreachable, RootBusy) as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
@@ -148,6 +147,20 @@ def bench_recipe_command(config: str = typer.Option("configs/tiny.yaml"),
     from rstar.pipeline.bench import run_recipe_benchmark
 
     run_recipe_benchmark(config, out, png, seeds)
+
+
+@app.command("bench-peers")
+def bench_peers_command(config: str = typer.Option("configs/tiny.yaml"),
+                        steps: int = typer.Option(20, min=2, help="RL steps each side trains per seed."),
+                        seeds: int = typer.Option(2, min=1),
+                        root: str = typer.Option(None, help="Storage root of a finished run of the recipe (default: "
+                                                            "the recipe's): its SFT checkpoint and problems."),
+                        out: str = typer.Option("docs/benchmarks.md"),
+                        png: str = typer.Option("docs/peers.png")) -> None:
+    """The local RL trainer against TRL's GRPOTrainer on the same model and work -> docs/benchmarks.md."""
+    from rstar.peers.bench import run_peer_benchmark
+
+    run_peer_benchmark(config, steps, seeds, root, out, png)
 
 
 model_app = typer.Typer(help="The embedded default's base model.", no_args_is_help=True)

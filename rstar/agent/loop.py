@@ -115,6 +115,15 @@ class Trajectory:
         self.entropies += entropies if entropies is not None else [0.0] * len(ids)
 
 
+def tool_response(res: ExecResult, tokenizer, max_tokens: int) -> str:
+    """What the model reads for a call's result: its output or error, cut to `max_tokens`."""
+    text = res.tool_text() if res.status is not Status.REJECTED else f"Rejected: {res.reason}"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= max_tokens:
+        return text
+    return tokenizer.decode(ids[:max_tokens]) + f"\n... [tool response truncated: {len(ids) - max_tokens} more tokens]"
+
+
 class AgentLoop:
     def __init__(self, engine: Engine, tokenizer, sandbox: Sandbox, cfg: LoopConfig | None = None) -> None:
         self.engine, self.tok, self.sandbox = engine, tokenizer, sandbox
@@ -184,16 +193,8 @@ class AgentLoop:
                 continue
             res: ExecResult = next(results)
             traj.tool_calls.append(ToolRecord(turn, call.arguments["code"], res.status.value, res.wall_s, res.reason))
-            responses.append(self._truncate(res.tool_text() if res.status is not Status.REJECTED
-                                            else f"Rejected: {res.reason}"))
+            responses.append(tool_response(res, self.tok, self.cfg.max_tool_response_tokens))
         return responses
-
-    def _truncate(self, text: str) -> str:
-        ids = self.tok.encode(text, add_special_tokens=False)
-        limit = self.cfg.max_tool_response_tokens
-        if len(ids) <= limit:
-            return text
-        return self.tok.decode(ids[:limit]) + f"\n... [tool response truncated: {len(ids) - limit} more tokens]"
 
     async def run_many(self, problems: list[tuple[str, str]]) -> list[Trajectory]:
         """[(request_id, problem)] concurrently."""

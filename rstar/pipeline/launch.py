@@ -8,6 +8,7 @@ operator (or the fault test) can find and kill exactly that process.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from rstar.pipeline.config import Recipe
 
@@ -30,9 +31,11 @@ def ensure_ray(cpus: float, object_store_mb: int = 256) -> None:
              include_dashboard=False, log_to_driver=True)
 
 
-def run_job(stage: str, recipe: Recipe, inputs: dict, tracking_uri: str, run_id: str) -> dict:
+def run_job(stage: str, recipe: Recipe, inputs: dict, tracking_uri: str, run_id: str,
+            on_progress: Callable[[tuple], None] | None = None) -> dict:
     """Run `stage` in a Ray worker and return its outputs (raises what the stage raised, or
-    ray's error when the worker died)."""
+    ray's error when the worker died). With `on_progress`, the worker's progress ticks
+    (rstar.pipeline.progress) come to it, through a Ray queue, instead of being printed."""
     import ray
 
     ensure_ray(recipe.resources.cpus)
@@ -44,7 +47,21 @@ def run_job(stage: str, recipe: Recipe, inputs: dict, tracking_uri: str, run_id:
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED)}
     job = ray.remote(_job).options(num_cpus=recipe.resources.cpus, num_gpus=driver_gpus(stage, recipe), max_retries=0,
                                    runtime_env={"env_vars": env}, name=f"rstar:{stage}")
-    return ray.get(job.remote(stage, recipe, inputs, tracking_uri, run_id))
+    if on_progress is None:
+        return ray.get(job.remote(stage, recipe, inputs, tracking_uri, run_id, None))
+    from ray.util.queue import Queue
+
+    ticks = Queue(actor_options={"num_cpus": 0})  # takes no CPU from the stage it serves
+    try:
+        ref = job.remote(stage, recipe, inputs, tracking_uri, run_id, ticks)
+        while True:
+            finished, _ = ray.wait([ref], timeout=0.2)
+            for tick in ticks.get_nowait_batch(ticks.qsize()):
+                on_progress(tick)
+            if finished:
+                return ray.get(ref)
+    finally:
+        ray.kill(ticks.actor)
 
 
 def driver_gpus(stage: str, recipe: Recipe) -> float:
@@ -82,10 +99,10 @@ def pid_file(recipe: Recipe, stage: str) -> str:
     return Layout(recipe.storage_root).work(stage) + ".pid"
 
 
-def _job(stage: str, recipe: Recipe, inputs: dict, tracking_uri: str, run_id: str) -> dict:
+def _job(stage: str, recipe: Recipe, inputs: dict, tracking_uri: str, run_id: str, ticks) -> dict:
     import torch
 
-    from rstar.pipeline import stages
+    from rstar.pipeline import progress, stages
     from rstar.storage import atomic_write_text
     from rstar.tracking.mlflow_log import StageLog
 
@@ -94,4 +111,5 @@ def _job(stage: str, recipe: Recipe, inputs: dict, tracking_uri: str, run_id: st
     torch.set_num_threads(max(1, int(recipe.resources.cpus)))
     hf_logging.disable_progress_bar()  # a "Loading weights" / "Writing model shards" bar per checkpoint is noise
     atomic_write_text(pid_file(recipe, stage), str(os.getpid()))
-    return stages.run(stage, recipe, inputs, StageLog(tracking_uri, run_id))
+    with progress.connected(ticks.put_nowait if ticks is not None else None):
+        return stages.run(stage, recipe, inputs, StageLog(tracking_uri, run_id))

@@ -1,7 +1,29 @@
-"""Progress lines a person can read: where a stage is, how long it took so far, what is left."""
+"""Progress a person can read: where a stage is, how long it took so far, what is left.
+
+A stage's work runs in a Ray worker. Where the pipeline's output is a terminal, the driver
+draws a rich progress bar per task (pretrain, sft, rl1, mine, eval/rl3 ...) from the ticks the
+worker sends it (`connected`, rstar.pipeline.launch); piped to a file or a CI log, the worker
+prints plain lines instead, with the same figures.
+"""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+_send: Callable[[tuple], None] | None = None  # set in a worker whose driver draws the bars
+SEND_EVERY_S = 0.2  # a tick is a Ray call: at most five a second per task, and always the last
+
+
+@contextmanager
+def connected(send: Callable[[tuple], None] | None):
+    """Within the body, ticks go to `send` as (label, done, total, text) instead of being printed."""
+    global _send
+    _send = send
+    try:
+        yield
+    finally:
+        _send = None
 
 
 def _span(seconds: float) -> str:
@@ -11,14 +33,58 @@ def _span(seconds: float) -> str:
 
 class StepClock:
     """`clock.where(step)` -> "step 12/40, 1m05s, ~2m31s left": the rate of the steps run since the
-    clock started (a resumed stage's first reported step may not be 1)."""
+    clock started (a resumed stage's first reported step may not be 1). `tick` reports a step:
+    to the driver's bar, or as a printed `[label] ...` line every `every` steps and at the last."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.start, self.before = total, time.monotonic(), None
+    def __init__(self, total: int, label: str = "", every: int = 1, unit: str = "step") -> None:
+        self.total, self.label, self.every, self.unit = total, label, max(1, every), unit
+        self.start, self.before, self.sent, self.done = time.monotonic(), None, 0.0, 0
 
     def where(self, step: int) -> str:
         if self.before is None:
             self.before = step - 1
         spent = time.monotonic() - self.start
         left = spent / (step - self.before) * (self.total - step)
-        return f"step {step}/{self.total}, {_span(spent)}" + (f", ~{_span(left)} left" if step < self.total else "")
+        return f"{self.unit} {step}/{self.total}, {_span(spent)}" + (f", ~{_span(left)} left" if step < self.total else "")
+
+    def tick(self, step: int, text: str = "") -> None:
+        where = self.where(step)  # every step: the rate counts from the first step seen
+        if _send is not None:
+            now = time.monotonic()
+            if step == self.total or now - self.sent >= SEND_EVERY_S:
+                self.sent = now
+                _send((self.label, step, self.total, text))
+        elif step % self.every == 0 or step == self.total:
+            print(f"[{self.label}] {where}" + (f": {text}" if text else ""), flush=True)
+
+    def advance(self, n: int = 1) -> None:
+        """Count `n` more units done (rollouts of a sampling stage)."""
+        self.done += n
+        self.tick(self.done)
+
+
+class Bars:
+    """The driver's side in a terminal: one bar per task label, fed with the workers' ticks.
+    While it is shown, whatever the process prints goes above the bars (rich's redirection)."""
+
+    def __init__(self) -> None:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        self.progress = Progress(TextColumn("[bold]{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[text]}"), redirect_stdout=True, redirect_stderr=True)
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self) -> Bars:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def update(self, tick: tuple) -> None:
+        label, done, total, text = tick
+        if label not in self.tasks:
+            self.tasks[label] = self.progress.add_task(label, total=total, text="")
+        self.progress.update(self.tasks[label], completed=done, total=total, text=text)

@@ -95,9 +95,7 @@ def _model_output(uri: str, stage: str, metrics: dict) -> dict:
 
 def _progress(log, stage: str, clock: StepClock, step: int, metrics: dict) -> None:
     log.metrics(step, metrics, prefix=f"{stage}/")
-    where = clock.where(step)  # every step: the clock's rate counts from the first one it saw
-    if step % 50 == 0 or step == clock.total:
-        print(f"[{stage}] {where}: loss {metrics['loss']:.3f}", flush=True)
+    clock.tick(step, f"loss {metrics['loss']:.3f}")
 
 
 def _copy_probe(model, tokenizer, log, recipe: Recipe, *, chat: bool) -> dict:
@@ -131,7 +129,7 @@ def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
         return _model_output(uri, "base", copying)  # its model_digest is the manifest's digest
     from rstar.model.shipped import pretrain_base
 
-    clock = StepClock(spec.pretrain_steps)
+    clock = StepClock(spec.pretrain_steps, "pretrain", every=50)
     model, tok, history = pretrain_base(spec, on_step=lambda s, m: _progress(log, "pretrain", clock, s, m))
     copying = _copy_probe(model, tok, log, recipe, chat=False)
     return _model_output(_save(model, tok, layout.model("base")), "base",
@@ -204,7 +202,7 @@ def sft(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     if recipe.engine == "verl":
         return _sft_verl(recipe, layout, inputs, log, cfg, data)
     model, tok = _load(inputs["model"])
-    clock = StepClock(cfg.epochs * -(-len(rows) // cfg.batch_size))
+    clock = StepClock(cfg.epochs * -(-len(rows) // cfg.batch_size), "sft", every=50)
     history = train_sft(model, tok, rows, cfg, on_step=lambda s, m: _progress(log, "sft", clock, s, m))
     log.curves(history, ["loss", "lr", "grad_norm"], "sft_curves.png")
     copying = _copy_probe(model, tok, log, recipe, chat=True)
@@ -232,18 +230,28 @@ def _sft_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, data: str)
                          "sft", copying)
 
 
+def resumes(recipe: Recipe, stage: str) -> bool:
+    """Whether `stage` continues from checkpoints in its working directory after a retry or a
+    kill: the RL stages, and SFT on verl (the local SFT and the other stages start over)."""
+    return stage in {s.name for s in recipe.rl} or (stage == "sft" and recipe.engine == "verl")
+
+
+def work_uri(recipe: Recipe, stage: str, inputs: dict) -> str:
+    """The URI of a stage's working directory for this recipe and these inputs."""
+    return f"{Layout(recipe.storage_root).work_uri(stage)}/{recipe.cache_key(stage, inputs)}"
+
+
 def _work_dir(recipe: Recipe, layout: Layout, stage: str, inputs: dict) -> tuple[str, str]:
     """A stage's working directory (local, and its URI under the root) for this recipe and
     these inputs: a retry resumes from the checkpoints it finds there; a run of another recipe
     or from another input model never does. Other runs' directories are removed from storage
     (local or remote), so stale checkpoints do not pile up."""
-    run = recipe.cache_key(stage, inputs)
+    uri = work_uri(recipe, stage, inputs)
     fs, parent = filesystem(layout.work_uri(stage))
     if fs.exists(parent):
         for path in fs.ls(parent, detail=False):
-            if path.rstrip("/").rsplit("/", 1)[-1] != run:
+            if path.rstrip("/").rsplit("/", 1)[-1] != uri.rsplit("/", 1)[-1]:
                 fs.rm(path, recursive=True)
-    uri = f"{layout.work_uri(stage)}/{run}"
     return dirs.local_dir(uri), uri
 
 
@@ -276,18 +284,20 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
     log.dataset(inputs["problems"], "rl_problems", inputs.get("problems_digest"), context="training")
     model, tok = _load(inputs["model"])
 
-    clock = StepClock(cfg.steps)
+    clock = StepClock(cfg.steps, stage)
 
     def on_step(step: int, metrics: dict) -> None:
         log.metrics(step, metrics, prefix=f"{stage}/")
-        print(f"[{stage}] {clock.where(step)}: accuracy {metrics['accuracy']:.3f} tool errors "
-              f"{metrics['tool_error_rate']:.3f} (in correct {metrics['tool_error_rate_positive']:.3f}) "
-              f"length {metrics['response_len_mean']:.0f}", flush=True)
+        clock.tick(step, f"accuracy {metrics['accuracy']:.3f} tool errors {metrics['tool_error_rate']:.3f} "
+                         f"(in correct {metrics['tool_error_rate_positive']:.3f}) "
+                         f"length {metrics['response_len_mean']:.0f}")
+
+    def on_checkpoint(step: int) -> None:
         dirs.push(ckpt_uri, os.path.join(work, "checkpoint"))  # for a remote root: a new version
 
     async def main():
         async with embedded_sandbox() as sb:
-            trainer = RLTrainer(model, tok, rows, sb, cfg, work, on_step=on_step,
+            trainer = RLTrainer(model, tok, rows, sb, cfg, work, on_step=on_step, on_checkpoint=on_checkpoint,
                                 trajectories=layout.trajectories(stage))
             return await trainer.run(), trainer
 
@@ -393,6 +403,11 @@ def serving(recipe: Recipe) -> dict:
     return {"replicas": 2, "kind": "hf", "sandbox_url": recipe.sandbox_url}
 
 
+def _rollout_clock(label: str, rollouts: int) -> StepClock:
+    """Progress of a sampling stage, counted in rollouts (printed at each quarter when piped)."""
+    return StepClock(rollouts, label, every=max(1, rollouts // 4), unit="rollouts")
+
+
 def mine(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     """Problems the given policy does not solve k/k: the training set of the last stage."""
     from rstar.agent.loop import LoopConfig
@@ -406,9 +421,11 @@ def mine(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     loop_cfg = LoopConfig(max_turns=spec.max_turns, max_response_tokens=spec.max_response_tokens,
                           temperature=spec.temperature, prompt_style=recipe.prompt_style)
 
+    clock = _rollout_clock("mine", len(rows) * spec.k)
+
     async def main():
         async with open_agent_loop(dirs.pull(inputs["model"]), loop_cfg, **serving(recipe)) as loop:
-            return await rollout(loop, rows, spec.k, stage="mine")
+            return await rollout(loop, rows, spec.k, stage="mine", progress=clock.advance)
 
     hard, report = mine_hard(rows, asyncio.run(main()), k=spec.k)
     path = write_table(hard, layout.dataset("hard_problems"), "hard_problems")
@@ -437,8 +454,9 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
         if expected and (found := digest(path)) != expected:  # e.g. a registered version's files, changed since
             raise NotRetryable(f"{name}: the files at {uri} have digest {found}, not the {expected} they were "
                                "registered with")
-        records, summaries[name] = evaluate_model(path, problems_, recipe.eval,
-                                                  prompt_style=recipe.prompt_style, name=name, **serving(recipe))
+        clock = _rollout_clock(f"eval/{name}", len(problems_) * recipe.eval.k)
+        records, summaries[name] = evaluate_model(path, problems_, recipe.eval, prompt_style=recipe.prompt_style,
+                                                  name=name, progress=clock.advance, **serving(recipe))
         write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
     write_json(summaries, f"{out_dir}/summary.json")
     # The recipe's verdict when these are its checkpoints (SFT, then RL stages), not a re-evaluation's pick

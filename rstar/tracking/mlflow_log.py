@@ -126,6 +126,31 @@ def fail_stale_runs(tracking_uri: str, experiment: str, root: str) -> list[str]:
     return ids
 
 
+def reopen_run(tracking_uri: str, run_id: str, *, parent: str, tags: dict) -> bool:
+    """Continue `run_id`, a stage's run that an earlier attempt left FAILED (or RUNNING, killed):
+    back to RUNNING, moved under `parent` (the pipeline run now doing the work), its earlier
+    parents kept in `rstar.earlier_pipelines`. False when the run is gone or finished."""
+    from mlflow.exceptions import MlflowException
+
+    c = client(tracking_uri)
+    try:
+        run = c.get_run(run_id)
+    except MlflowException:
+        return False  # another tracking store, or deleted
+    if run.info.status == "FINISHED" or run.info.lifecycle_stage == "deleted":
+        return False
+    old = run.data.tags.get("mlflow.parentRunId")
+    earlier = [p for p in run.data.tags.get("rstar.earlier_pipelines", "").split(",") if p]
+    if old and old != parent and old not in earlier:
+        earlier.append(old)
+    c.update_run(run_id, status="RUNNING")
+    if "rstar.reconciled" in run.data.tags:  # failed by the next run after a kill: live again now
+        c.delete_tag(run_id, "rstar.reconciled")
+    set_tags(tracking_uri, run_id, {**tags, "mlflow.parentRunId": parent, "rstar.earlier_pipelines": ",".join(earlier),
+                                    "rstar.attempts": int(run.data.tags.get("rstar.attempts", "1")) + 1})
+    return True
+
+
 def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(tracking_uri).set_terminated(run_id, status)
 

@@ -48,12 +48,17 @@ def _log_probs(model, seqs: list[list[int]], starts: list[int], width: int, temp
 
 class RLTrainer:
     def __init__(self, model, tokenizer, problems: list[dict], sandbox, cfg: StageConfig, out_dir: str,
-                 on_step: Callable[[int, dict], None] | None = None, trajectories: str | None = None) -> None:
+                 on_step: Callable[[int, dict], None] | None = None, trajectories: str | None = None,
+                 on_checkpoint: Callable[[int], None] | None = None) -> None:
         """`trajectories`: a directory or s3:// prefix that gets every step's rollouts as
         `step=NNNNN.parquet` (written before the step's checkpoint, so a step redone after a
-        crash replaces its file: rows are never lost or duplicated)."""
+        crash replaces its file: rows are never lost or duplicated). `on_step(step, metrics)`
+        is called before the step's checkpoint too, so every checkpointed step has reported its
+        metrics (a step redone after a crash reports the same figures again);
+        `on_checkpoint(step)` after it (e.g. to upload it)."""
         self.model, self.tok, self.problems, self.sandbox = model, tokenizer, problems, sandbox
         self.cfg, self.out_dir, self.on_step, self.trajectories = cfg, out_dir, on_step, trajectories
+        self.on_checkpoint = on_checkpoint
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
         self.step = 0
@@ -122,10 +127,12 @@ class RLTrainer:
                 if self.trajectories:
                     write_table(records, f"{self.trajectories}/step={self.step:05d}.parquet", "trajectories")
                 self.history.append(metrics)
-                if self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps:
-                    self.save()
                 if self.on_step:
                     self.on_step(self.step, metrics)
+                if self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps:
+                    self.save()
+                    if self.on_checkpoint:
+                        self.on_checkpoint(self.step)
         await engine.close()
         return self.history
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rstar.storage import filesystem
-from rstar.storage.lock import LOCK, RootBusy, hold_root
+from rstar.storage.lock import LOCK, RootBusy, check_free, hold_root
 
 
 def test_a_second_run_on_a_local_root_fails_at_once_naming_the_first(tmp_path):
@@ -22,39 +22,52 @@ def test_a_second_run_on_a_local_root_fails_at_once_naming_the_first(tmp_path):
             with hold_root(root, "flow run double-click-2"):
                 pass
         assert time.monotonic() - start < 1
-    with hold_root(root, "flow run later"):  # released: the next run takes it
+    with hold_root(root, "flow run later") as killed:  # released: the next run takes it
         assert json.load(open(os.path.join(root, LOCK)))["run"] == "flow run later"
+        assert killed is None  # the first ended cleanly: nothing of it to reconcile
 
 
 def test_a_killed_holder_leaves_the_local_root_free(tmp_path):
     root = str(tmp_path / "root")
     code = ("import sys, time; from rstar.storage.lock import hold_root\n"
-            f"with hold_root({root!r}, 'doomed'):\n    print('held', flush=True); time.sleep(60)")
+            f"with hold_root({root!r}, 'doomed', flow_run_id='f-1'):\n    print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(RootBusy, match="doomed"):
         with hold_root(root, "second"):
             pass
+    with pytest.raises(RootBusy, match="doomed"):
+        check_free(root)
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    with hold_root(root, "after the kill"):
-        pass
+    check_free(root)  # free now, and the check (the CLI's, before Prefect starts) keeps the record
+    with hold_root(root, "after the kill") as killed:
+        # the killed holder is named, so what it left RUNNING can be marked (flows.reconcile)
+        assert killed["run"] == "doomed" and killed["flow_run_id"] == "f-1" and killed["pid"] == holder.pid
+    with hold_root(root, "after a clean end") as killed:
+        assert killed is None
 
 
 def test_an_s3_root_takes_a_lease_refuses_a_second_run_and_breaks_an_expired_one(s3):
     root = f"{s3}/locked"
     fs, base = filesystem(root)
-    with hold_root(root, "first", lease_s=30):
+    with hold_root(root, "first", lease_s=30) as killed:
+        assert killed is None
         holder = json.loads(fs.cat_file(f"{base}/{LOCK}"))
         assert holder["run"] == "first" and holder["expires"] > time.time()
         with pytest.raises(RootBusy, match="run first"):
             with hold_root(root, "second", lease_s=30):
                 pass
+        with pytest.raises(RootBusy, match="run first"):
+            check_free(root)
     assert not fs.exists(f"{base}/{LOCK}")  # released on exit
     # a holder that died: its lease is left behind, expired
-    fs.pipe_file(f"{base}/{LOCK}", json.dumps({"run": "dead", "expires": time.time() - 1}).encode())
-    with hold_root(root, "third", lease_s=30):
+    fs.pipe_file(f"{base}/{LOCK}", json.dumps({"run": "dead", "flow_run_id": "f-9",
+                                               "expires": time.time() - 1}).encode())
+    check_free(root)  # an expired lease is no obstacle
+    with hold_root(root, "third", lease_s=30) as killed:
         assert json.loads(fs.cat_file(f"{base}/{LOCK}"))["run"] == "third"
+        assert killed["flow_run_id"] == "f-9"
 
 
 def test_the_cli_refuses_a_pipeline_on_a_root_another_run_holds(tmp_path):

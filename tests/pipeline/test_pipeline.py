@@ -1,5 +1,6 @@
 """The pipeline end to end through real Prefect, Ray, MLflow and Parquet: local storage and
-S3 (moto on loopback), caching of a finished pipeline, and a stage killed mid-way."""
+S3 (moto on loopback), caching of a finished pipeline, a stage killed mid-way, and a whole
+pipeline killed mid-way."""
 import os
 import signal
 import threading
@@ -265,9 +266,12 @@ def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(prefect_api, 
     assert _task_states(state.state_details.flow_run_id)["rl1"] == ["Completed"]
 
     c, runs = _stage_runs(recipe)
-    rl1 = sorted((r for r in runs if r.data.tags.get(ml.STAGE) == "rl1"), key=lambda r: r.info.start_time)
-    assert [r.info.status for r in rl1] == ["FAILED", "FINISHED"]
-    assert rl1[1].data.tags["rstar.started_as"] == "resumed"
+    rl1 = [r for r in runs if r.data.tags.get(ml.STAGE) == "rl1"]
+    # one MLflow run holds the stage's whole history: the retry continued the run it was killed in
+    assert [r.info.status for r in rl1] == ["FINISHED"]
+    assert rl1[0].data.tags["rstar.started_as"] == "resumed" and rl1[0].data.tags["rstar.attempts"] == "2"
+    assert sorted({m.step for m in c.get_metric_history(rl1[0].info.run_id, "rl1/accuracy")}) == \
+        list(range(1, recipe.rl[0].steps + 1))
     _check_trajectories(recipe, outs)
 
     _, _, reference = finished_local  # the same recipe, never interrupted
@@ -278,6 +282,69 @@ def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(prefect_api, 
         assert [(r["group_id"], r["response_ids"], r["reward"]) for r in got] == \
             [(r["group_id"], r["response_ids"], r["reward"]) for r in want], f"step {step}"
     assert ref_recipe.rl[0] == recipe.rl[0]
+
+
+def _flow_run_and_tasks(flow_run_id: str):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    return run, tasks
+
+
+@pytest.mark.timeout(900)
+def test_a_pipeline_killed_mid_stage_is_reconciled_and_continued_by_the_next_run(prefect_api, tmp_path):
+    """SIGKILL a whole `rstar pipeline run` (its process group: driver, Ray, the stage's worker)
+    in the middle of rl1. The next `rstar pipeline run` on the root marks the killed flow run and its task runs
+    Crashed and its MLflow parent FAILED, resumes rl1 from its checkpoint, and continues rl1's
+    MLflow run, so that one run holds every step."""
+    import json
+    import subprocess
+    import sys
+
+    from rstar.pipeline.stages import Layout
+    from rstar.storage.lock import LOCK
+
+    path = write_recipe(str(tmp_path), "killed", str(tmp_path / "root"))
+    recipe = load_recipe(path)
+    second_step = os.path.join(recipe.storage_root, "trajectories", "stage=rl1", "step=00002.parquet")
+    command = [sys.executable, "-m", "rstar.cli", "pipeline", "run", "--config", path]
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    run = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not os.path.exists(second_step) and run.poll() is None:
+            time.sleep(0.05)
+        assert os.path.exists(second_step), "the pipeline never reached rl1's second step"
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    killed = json.load(open(os.path.join(recipe.storage_root, LOCK)))["flow_run_id"]
+    assert _flow_run_and_tasks(killed)[0].state.is_running()  # what a SIGKILL leaves behind
+
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "marked Crashed, left RUNNING by a killed run: flow run" in again.stdout + again.stderr
+    flow_run, task_runs = _flow_run_and_tasks(killed)
+    assert flow_run.state.is_crashed() and "was killed" in flow_run.state.message
+    assert all(t.state.is_final() for t in task_runs), [(t.name, t.state.name) for t in task_runs]
+
+    c, runs = _stage_runs(recipe)
+    parents = {r.info.run_id: r for r in runs if r.data.tags.get(ml.PIPELINE) == "root"}
+    old = next(r for r in parents.values() if r.info.status != "FINISHED")
+    assert old.info.status == "FAILED" and "rstar.reconciled" in old.data.tags
+    rl1 = [r for r in runs if r.data.tags.get(ml.STAGE) == "rl1"]
+    assert [r.info.status for r in rl1] == ["FINISHED"]
+    assert rl1[0].data.tags["rstar.started_as"] == "resumed"
+    assert rl1[0].data.tags["rstar.earlier_pipelines"] == old.info.run_id
+    assert rl1[0].data.tags["mlflow.parentRunId"] in parents and rl1[0].data.tags["mlflow.parentRunId"] != old.info.run_id
+    assert sorted({m.step for m in c.get_metric_history(rl1[0].info.run_id, "rl1/accuracy")}) == \
+        list(range(1, recipe.rl[0].steps + 1))
+    _check_trajectories(recipe, {s.name: {"trajectories": Layout(recipe.storage_root).trajectories(s.name)}
+                                 for s in recipe.rl})
 
 
 @pytest.mark.timeout(900)

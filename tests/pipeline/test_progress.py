@@ -1,4 +1,5 @@
-"""Progress lines: the time left is the rate of the steps seen so far times the steps to go."""
+"""Progress: the time left is the rate of the steps seen so far times the steps to go; piped
+output gets plain lines, a terminal gets bars fed by the stage's Ray worker."""
 from rstar.pipeline import progress
 
 
@@ -14,3 +15,85 @@ def test_time_left_counts_from_the_first_step_seen(monkeypatch):
     now[0] += 2.0
     assert resumed.where(151) == "step 151/200, 2s, ~1m38s left"
     assert resumed.where(200).endswith(", 2s")  # nothing left to estimate at the last step
+
+
+def test_piped_ticks_are_printed_every_few_steps_and_at_the_last(capsys):
+    clock = progress.StepClock(120, "pretrain", every=50)
+    for step in range(1, 121):
+        clock.tick(step, f"loss {1 / step:.3f}")
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["[pretrain] step 50/120, 0s, ~0s left",
+                                                      "[pretrain] step 100/120, 0s, ~0s left",
+                                                      "[pretrain] step 120/120, 0s"]
+    assert lines[-1].endswith("loss 0.008")
+
+
+def test_ticks_for_a_terminal_go_to_the_driver_not_to_stdout(monkeypatch, capsys):
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    sent = []
+    with progress.connected(sent.append):
+        clock = progress.StepClock(40, "rl1")
+        for step in range(1, 41):
+            now[0] += 0.05  # four steps per send interval
+            clock.tick(step, f"accuracy {step / 40:.2f}")
+        rollouts = progress.StepClock(6, "eval/sft", unit="rollouts")
+        for _ in range(6):
+            rollouts.advance()
+    assert capsys.readouterr().out == ""
+    steps = [s for label, s, total, _ in sent if label == "rl1"]
+    assert 8 <= len(steps) <= 11 and steps[-1] == 40  # throttled, and the last always sent
+    assert sent[-1][:3] == ("eval/sft", 6, 6)
+    progress.StepClock(1, "after").tick(1)  # outside `connected`, printed again
+    assert capsys.readouterr().out.startswith("[after] step 1/1")
+
+
+def test_bars_keep_one_task_per_label():
+    with progress.Bars() as bars:
+        for tick in [("sft", 1, 4, "loss 2.0"), ("sft", 4, 4, "loss 1.0"), ("eval/sft", 3, 8, "")]:
+            bars.update(tick)
+        tasks = {t.description: t for t in bars.progress.tasks}
+    assert sorted(tasks) == ["eval/sft", "sft"]
+    assert (tasks["sft"].completed, tasks["sft"].total, tasks["sft"].fields["text"]) == (4, 4, "loss 1.0")
+    assert tasks["eval/sft"].completed == 3
+
+
+def test_a_stage_in_a_ray_worker_sends_its_ticks_to_the_driver(tmp_path):
+    import ray
+
+    from rstar.pipeline.config import load_recipe
+    from rstar.pipeline.launch import run_job
+    from rstar.tracking import mlflow_log as ml
+    from tests.pipeline.conftest import write_recipe
+
+    recipe = load_recipe(write_recipe(str(tmp_path), "ticks", str(tmp_path / "root")))
+    uri = recipe.tracking.tracking_uri
+    ticks = []
+    try:
+        out = run_job("base", recipe, {}, uri, ml.start_run(uri, "ticks", "base"), on_progress=ticks.append)
+    finally:
+        ray.shutdown()
+    assert out["stage"] == "base"
+    label, done, total, text = ticks[-1]
+    assert (label, done, total) == ("pretrain", recipe.base.pretrain_steps, recipe.base.pretrain_steps)
+    assert text.startswith("loss ")
+
+
+def test_in_a_terminal_prefect_log_lines_go_above_the_bars(monkeypatch):
+    import logging
+    import sys
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    from tasks.stage import _LinesAbove, _progress_bars
+
+    handler = PrefectConsoleHandler()
+    monkeypatch.setattr(logging.getLogger("rstar-test-bars"), "handlers", [handler])
+    own = handler.console
+    with _progress_bars() as on_progress:  # piped (pytest captures): no bars, the worker prints
+        assert on_progress is None and handler.console is own
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    with _progress_bars() as on_progress:
+        assert isinstance(handler.console, _LinesAbove)
+        on_progress(("sft", 1, 2, "loss 1.0"))
+    assert handler.console is own  # restored when the stage ends

@@ -1,0 +1,3 @@
+"""Side-by-side runs against the tools people would pick instead of this project
+(`rstar bench-peers`): Hugging Face TRL's GRPOTrainer on the same model, problems, tool,
+sandbox and reward (rstar.peers.trl_grpo)."""
