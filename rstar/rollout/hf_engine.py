@@ -119,7 +119,7 @@ class HFEngine:
             self._width += 1
             for s in self._active:
                 s.length += 1
-            self._sample_all(out.logits[:, -1, :])
+            self._sample_all(self._active, out.logits[:, -1, :])
             self.steps += 1
             return done + self._retire()
 
@@ -144,10 +144,10 @@ class HFEngine:
                             torch.cat([_pad_left(v0, width), _pad_left(v1, width)]))
                            for (k0, v0), (k1, v1) in zip(self._cache, layers)]
         self._width = width
-        for s, logits in zip(seqs, out.logits[:, -1, :]):
+        for s in seqs:
             s.length = len(s.prompt_ids)
             self._active.append(s)
-            self._sample(s, logits)
+        self._sample_all(seqs, out.logits[:, -1, :])
 
     def _attention_mask(self, extra: int) -> torch.Tensor:
         mask = torch.zeros(len(self._active), self._width + extra, dtype=torch.long, device=self.device)
@@ -170,30 +170,30 @@ class HFEngine:
     def _keep_cache(self, cache) -> None:
         self._cache = self._layers(cache)
 
-    def _sample_all(self, logits: torch.Tensor) -> None:
-        for s, row in zip(self._active, logits):
-            self._sample(s, row)
-
-    def _sample(self, seq: _Seq, logits: torch.Tensor) -> None:
-        temperature = float(seq.params.get("temperature", 1.0))
+    def _sample_all(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
+        """One token for each of `seqs` (rows of `logits`): the distributions of the whole batch at
+        once, then each draw from its request's own generator (its tokens do not depend on its batch)."""
+        temps = torch.tensor([float(s.params.get("temperature", 1.0)) for s in seqs])
         logits = logits.float().cpu()
-        if temperature <= 0:  # greedy
-            token = int(torch.argmax(logits))
-            logp = torch.log_softmax(logits, -1)
-        else:
-            logp = torch.log_softmax(logits / temperature, -1)
-            probs = logp.exp()
-            top_p = float(seq.params.get("top_p", 1.0))
-            if top_p < 1.0:
-                sorted_p, order = torch.sort(probs, descending=True)
-                keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p
-                probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-            token = int(torch.multinomial(probs, 1, generator=seq.generator))
-        seq.out.append(token)
-        seq.log_probs.append(float(logp[token]))
-        seq.entropies.append(float(-(logp.exp() * logp).sum()))
-        seq.next_token = token
-        self.tokens_generated += 1
+        logp = torch.log_softmax(logits / torch.where(temps > 0, temps, 1.0)[:, None], -1)
+        probs = logp.exp()
+        entropies = (-(probs * logp).sum(-1)).tolist()
+        for i, seq in enumerate(seqs):
+            if temps[i] <= 0:  # greedy
+                token = int(torch.argmax(logits[i]))
+            else:
+                p = probs[i]
+                top_p = float(seq.params.get("top_p", 1.0))
+                if top_p < 1.0:
+                    sorted_p, order = torch.sort(p, descending=True)
+                    keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p
+                    p = torch.zeros_like(p).scatter(0, order[keep], sorted_p[keep])
+                token = int(torch.multinomial(p, 1, generator=seq.generator))
+            seq.out.append(token)
+            seq.log_probs.append(float(logp[i, token]))
+            seq.entropies.append(entropies[i])
+            seq.next_token = token
+        self.tokens_generated += len(seqs)
 
     def _retire(self) -> list[_Seq]:
         done, keep = [], []

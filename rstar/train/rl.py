@@ -165,10 +165,12 @@ class RLTrainer:
         for i, r in enumerate(kept):
             mask[i, :len(r["response_mask"])] = torch.tensor(r["response_mask"], dtype=torch.float32)
         adv = grpo_advantages(torch.tensor([r["reward"] for r in kept]), mask, [r["group_id"] for r in kept])
-        with torch.no_grad():
-            old = torch.cat([_log_probs(self.model, seqs[i:i + cfg.micro_batch_size],
-                                        starts[i:i + cfg.micro_batch_size], width, cfg.temperature)
-                             for i in range(0, len(kept), cfg.micro_batch_size)])
+        old = None  # one optimizer step per batch: the policy that sampled is the one the loss sees
+        if cfg.mini_batches > 1:  # later mini-batches see an updated policy: keep the sampling one's
+            with torch.no_grad():
+                old = torch.cat([_log_probs(self.model, seqs[i:i + cfg.micro_batch_size],
+                                            starts[i:i + cfg.micro_batch_size], width, cfg.temperature)
+                                 for i in range(0, len(kept), cfg.micro_batch_size)])
         self.model.train()
         all_tokens = max(int(mask.sum().item()), 1)
         losses, clip, grad_norms = [], 0.0, []
@@ -178,7 +180,8 @@ class RLTrainer:
             for i in range(0, len(rows), cfg.micro_batch_size):
                 idx = rows[i:i + cfg.micro_batch_size]
                 new = _log_probs(self.model, [seqs[j] for j in idx], [starts[j] for j in idx], width, cfg.temperature)
-                loss, m = policy_loss(old[idx], new, adv[idx], mask[idx], clip_low=cfg.clip_low,
+                loss, m = policy_loss(new.detach() if old is None else old[idx], new, adv[idx], mask[idx],
+                                      clip_low=cfg.clip_low,
                                       clip_high=cfg.clip_high, batch_num_tokens=n_tokens)
                 loss.backward()
                 losses[-1] += loss.item()

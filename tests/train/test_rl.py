@@ -155,3 +155,20 @@ def test_tool_errors_in_correct_trajectories_sampled_and_kept():
     assert (m["tool_errors_positive"], m["tool_calls_positive"]) == (1, 4)
     assert m["tool_error_rate"] == 5 / 8 and m["kept"] == 2
     assert m["sandbox_failure_rate"] == 3 / 8  # calls the sandbox never ran, apart from the model's errors
+
+
+def test_with_one_mini_batch_the_sampling_policys_log_probs_are_the_updated_ones(tiny_dir):
+    """The trainer skips the separate no-grad pass for the old log-probs when one optimizer step
+    takes the whole batch: that pass gives exactly the log-probs of the update's own forward."""
+    from transformers import AutoModelForCausalLM
+
+    from rstar.train.rl import _log_probs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    seqs, starts = [[5, 9, 14, 3, 7, 8], [5, 9, 2, 11]], [3, 2]
+    model.eval()
+    with torch.no_grad():
+        old = _log_probs(model, seqs, starts, 3, 0.8)
+    model.train()
+    new = _log_probs(model, seqs, starts, 3, 0.8)
+    assert new.requires_grad and torch.equal(old, new.detach())
