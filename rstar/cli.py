@@ -155,12 +155,16 @@ def bench_peers_command(config: str = typer.Option("configs/tiny.yaml"),
                         seeds: int = typer.Option(2, min=1),
                         root: str = typer.Option(None, help="Storage root of a finished run of the recipe (default: "
                                                             "the recipe's): its SFT checkpoint and problems."),
+                        code_judge: str = typer.Option(None, help="A code-judge checkout (github.com/0xWJ/code-judge) "
+                                                                  "to measure the sandbox against; without it, "
+                                                                  "only this project's sandbox is measured."),
                         out: str = typer.Option("docs/benchmarks.md"),
                         png: str = typer.Option("docs/peers.png")) -> None:
-    """The local RL trainer against TRL's GRPOTrainer on the same model and work -> docs/benchmarks.md."""
+    """The local RL trainer against TRL's GRPOTrainer, and the sandbox against code-judge, on the same
+    work -> docs/benchmarks.md."""
     from rstar.peers.bench import run_peer_benchmark
 
-    run_peer_benchmark(config, steps, seeds, root, out, png)
+    run_peer_benchmark(config, steps, seeds, root, out, png, code_judge)
 
 
 model_app = typer.Typer(help="The embedded default's base model.", no_args_is_help=True)

@@ -10,6 +10,9 @@ token and turn limits, optimizer, schedule, sandbox and reward:
 - TRL GRPO: `trl.GRPOTrainer` with the sandbox as its tool (rstar.peers.trl_grpo says what it
   cannot express).
 
+Then the sandbox against code-judge, the release's own, through code-judge's API
+(rstar.peers.code_judge; code-judge's row needs a checkout, `--code-judge PATH`).
+
 Per step it records the wall time split into rollout (generation with tool calls inside),
 tool calls (the sum of their latencies), reward and update, and the model tokens generated;
 after the last step the same evaluator scores each side's model on the held-out set.
@@ -123,7 +126,8 @@ def plot(runs: dict[str, dict[int, dict]], path: str) -> None:
     plt.close(fig)
 
 
-def run_peer_benchmark(config: str, steps: int, seeds: int, root: str | None, out: str, png: str) -> str:
+def run_peer_benchmark(config: str, steps: int, seeds: int, root: str | None, out: str, png: str,
+                       code_judge_checkout: str | None = None) -> str:
     import torch
 
     from rstar.agent.loop import LoopConfig
@@ -161,8 +165,12 @@ def run_peer_benchmark(config: str, steps: int, seeds: int, root: str | None, ou
     wall = time.monotonic() - start
     atomic_json(os.path.splitext(png)[0] + ".json", runs)
     plot(runs, png)
-    return publish(out, "peers", report(recipe, config, runs, sft_acc, settings(recipe, base_cfg, loop_cfg), wall,
-                                        steps, seeds, os.path.basename(png)))
+    lines = report(recipe, config, runs, sft_acc, settings(recipe, base_cfg, loop_cfg), wall, steps, seeds,
+                   os.path.basename(png))
+    from rstar.peers import code_judge
+
+    lines += ["", *code_judge.report(code_judge.compare(code_judge_checkout), code_judge_checkout)]
+    return publish(out, "peers", lines)
 
 
 def atomic_json(path: str, obj) -> None:
@@ -173,18 +181,18 @@ def atomic_json(path: str, obj) -> None:
 
 def report(recipe, config: str, runs, sft_acc: float, shared: dict, wall: float, steps: int, seeds: int,
            png: str) -> list[str]:
-    import platform
-
     import transformers
     import trl
+
+    from rstar.sandbox.bench import cpu_model
 
     s = summarize(runs)
     speedup = s["rstar GRPO"]["tokens_per_s"] / s["TRL GRPO"]["tokens_per_s"]
     not_lower = s["rstar GRPO-RoC"]["held_out_mean"] >= s["TRL GRPO"]["held_out_mean"]
     lines = [
         "## Against TRL's GRPOTrainer (`rstar bench-peers`)", "",
-        f"`rstar bench-peers --config {config} --steps {steps} --seeds {seeds}` on this machine "
-        f"({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs), TRL {trl.__version__}, transformers "
+        f"`rstar bench-peers --config {config} --steps {steps} --seeds {seeds} [--code-judge PATH]` on this "
+        f"machine ({cpu_model()}, {os.cpu_count()} CPUs), TRL {trl.__version__}, transformers "
         f"{transformers.__version__}; {wall:.0f} s in all. Both sides start from the same SFT checkpoint "
         f"(held-out {sft_acc:.3f}) and train RL stage 1 for {steps} steps per seed. Means over seeds and steps "
         "(the first step of each run left out: it warms caches). Tool time is the sum of the calls' latencies "
