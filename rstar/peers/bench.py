@@ -10,8 +10,9 @@ token and turn limits, optimizer, schedule, sandbox and reward:
 - TRL GRPO: `trl.GRPOTrainer` with the sandbox as its tool (rstar.peers.trl_grpo says what it
   cannot express).
 
-Then the sandbox against code-judge, the release's own, through code-judge's API
-(rstar.peers.code_judge; code-judge's row needs a checkout, `--code-judge PATH`).
+Then the agent loop against verl's ToolAgentLoop over one engine and sandbox
+(rstar.peers.verl_loop), and the sandbox against code-judge, the release's own, through
+code-judge's API (rstar.peers.code_judge; code-judge's row needs a checkout, `--code-judge PATH`).
 
 Per step it records the wall time split into rollout (generation with tool calls inside),
 tool calls (the sum of their latencies), reward and update, and the model tokens generated;
@@ -32,6 +33,7 @@ from rstar.benchreport import publish
 
 SIDES = ("rstar GRPO-RoC", "rstar GRPO", "TRL GRPO")
 TARGET_SPEEDUP = 1.5  # the local trainer's generated tokens/s over TRL's, at equal settings
+LOOP_PROBLEMS = 64  # rollouts of the agent-loop comparison
 
 
 def _train_rstar(model_dir: str, problems: list[dict], cfg, on_step) -> tuple[list[dict], str]:
@@ -167,8 +169,10 @@ def run_peer_benchmark(config: str, steps: int, seeds: int, root: str | None, ou
     plot(runs, png)
     lines = report(recipe, config, runs, sft_acc, settings(recipe, base_cfg, loop_cfg), wall, steps, seeds,
                    os.path.basename(png))
-    from rstar.peers import code_judge
+    from rstar.peers import code_judge, verl_loop
 
+    greedy = replace(loop_cfg, temperature=0.0)
+    lines += ["", *verl_loop.report(asyncio.run(verl_loop.compare_loops(sft, problems[:LOOP_PROBLEMS], greedy)), greedy)]
     lines += ["", *code_judge.report(code_judge.compare(code_judge_checkout), code_judge_checkout)]
     return publish(out, "peers", lines)
 
