@@ -62,8 +62,9 @@ def _train_rstar(model_dir: str, problems: list[dict], cfg, on_step) -> tuple[li
 def run_side(side: str, model_dir: str, problems: list[dict], cfg, loop_cfg) -> tuple[list[dict], str]:
     """Train one side; returns its per-step history and its model directory."""
     def progress(step: int, m: dict) -> None:
-        print(f"[{side} seed {cfg.seed}] step {step}/{cfg.steps}: accuracy {m['accuracy']:.3f}, "
-              f"{m['time_step_s'] if 'time_step_s' in m else m['time_rollout_s']:.1f} s", flush=True)
+        seconds = m.get("time_step_s", m["time_rollout_s"] + m["time_reward_s"] + m["time_update_s"])
+        print(f"[{side} seed {cfg.seed}] step {step}/{cfg.steps}: accuracy {m['accuracy']:.3f}, {seconds:.1f} s",
+              flush=True)
 
     if side == "TRL GRPO":
         from rstar.peers.trl_grpo import train_trl

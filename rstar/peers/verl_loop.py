@@ -75,7 +75,9 @@ def _verl_config(loop: LoopConfig, prompt_length: int):
 
 
 async def run_verl_loop(model_dir: str, problems: list[dict], loop: LoopConfig, sandbox_url: str,
-                        engine) -> LoopResult:
+                        engine, *, model_type: bool = True) -> LoopResult:
+    """verl's ToolAgentLoop; `model_type=False` leaves verl to pick its token builder without the
+    model's type (what a config that does not pass it gets)."""
     from transformers import AutoTokenizer
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
@@ -94,7 +96,7 @@ async def run_verl_loop(model_dir: str, problems: list[dict], loop: LoopConfig, 
     from transformers import AutoConfig
 
     agent = ToolAgentLoop(DictConfigWrap(_verl_config(loop, prompt_length)), server, tok, None, None, DictConfigWrap({}),
-                          hf_model_type=AutoConfig.from_pretrained(model_dir).model_type,
+                          hf_model_type=AutoConfig.from_pretrained(model_dir).model_type if model_type else None,
                           tools=ToolListWrap([timed_tool]))
     params = {"temperature": loop.temperature, "top_p": loop.top_p,
               "stop_token_ids": [tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(EOS)]}
@@ -110,7 +112,8 @@ async def run_verl_loop(model_dir: str, problems: list[dict], loop: LoopConfig, 
     wall = time.monotonic() - start
     turns = sum(o.num_turns // 2 for o, _ in outs) or 1  # verl counts user, assistant and tool turns
     own = sum(w for _, w in outs) - timed.generate_s - timed_tool.spent_s
-    return LoopResult("verl ToolAgentLoop", len(outs), wall, turns, own / turns,
+    name = "verl ToolAgentLoop" + ("" if model_type else " (no model_type)")
+    return LoopResult(name, len(outs), wall, turns, own / turns,
                       [list(o.response_ids) for o, _ in outs], [list(o.response_mask) for o, _ in outs])
 
 
@@ -162,16 +165,21 @@ async def compare_loops(model_dir: str, problems: list[dict], loop: LoopConfig) 
             async with SandboxClient(service.url) as client:
                 ours = await run_rstar_loop(AutoTokenizer.from_pretrained(model_dir), problems, loop, client, engine)
             theirs = await run_verl_loop(model_dir, problems, loop, service.url, engine)
+            untyped = await run_verl_loop(model_dir, problems, loop, service.url, engine, model_type=False)
             await close_sandbox_clients()
     finally:
         await engine.close()
-    return [ours, theirs]
+    return [ours, theirs, untyped]
+
+
+def _same(a: LoopResult, b: LoopResult) -> tuple[int, int]:
+    return (sum(x == y for x, y in zip(a.response_ids, b.response_ids)),
+            sum(x == y for x, y in zip(a.response_masks, b.response_masks)))
 
 
 def report(results: list[LoopResult], loop: LoopConfig) -> list[str]:
-    ours, theirs = results
-    same_ids = sum(a == b for a, b in zip(ours.response_ids, theirs.response_ids))
-    same_masks = sum(a == b for a, b in zip(ours.response_masks, theirs.response_masks))
+    ours, theirs, untyped = results
+    same_ids, same_masks = _same(ours, theirs)
     met = ours.own_s_per_turn <= theirs.own_s_per_turn
     return ["### The agent loop against verl's ToolAgentLoop", "",
             f"{ours.rollouts} training problems, one rollout each, greedy (so the two can be compared token for token), "
@@ -179,10 +187,11 @@ def report(results: list[LoopResult], loop: LoopConfig) -> list[str]:
             "(verl's server interface for verl's loop) and one sandbox service (this project's tool as a verl tool). "
             "Own time per turn: each rollout's wall time less its generate calls and tool calls, summed, over the turns.",
             "", "| loop | rollouts/s | turns | own ms per turn |", "|---|---|---|---|",
-            *(f"| {r.loop} | {r.rollouts / r.wall_s:.1f} | {r.turns} | {r.own_s_per_turn * 1e3:.2f} |" for r in results),
+            *(f"| {r.loop} | {r.rollouts / r.wall_s:.1f} | {r.turns} | {r.own_s_per_turn * 1e3:.2f} |"
+              for r in (ours, theirs)),
             "", f"Same response token ids: {same_ids} of {ours.rollouts}; same loss masks: {same_masks} of "
             f"{ours.rollouts}. Target: the agent loop's own time per turn no higher than verl's: "
             f"{ours.own_s_per_turn * 1e3:.2f} vs {theirs.own_s_per_turn * 1e3:.2f} ms, {'met' if met else 'NOT met'}.",
-            "verl's loop is given the model's `model_type` (qwen2): with its default token builder (no type) it "
-            "drops the newline after the model's `<|im_end|>` before the tool turn, a context the chat template "
-            "never renders (7 of 16 greedy rollouts then differed, one reading 476216 back as 4716)."]
+            f"verl's loop is given the model's `model_type`; without it (verl's default token builder) "
+            f"{_same(ours, untyped)[0]} of {ours.rollouts} rollouts have the same token ids: that builder drops the "
+            "newline after the model's `<|im_end|>` before a tool turn, a context the chat template never renders."]
