@@ -139,7 +139,10 @@ def run_peer_benchmark(config: str, steps: int, seeds: int, root: str | None, ou
     from rstar.pipeline.config import load_recipe
     from rstar.pipeline.stages import Layout
 
+    from transformers.utils import logging as hf_logging
+
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+    hf_logging.disable_progress_bar()  # a bar per checkpoint written or loaded
     recipe = load_recipe(config)
     layout = Layout(root or recipe.storage_root)
     sft = layout.model("sft")

@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import rstar
 from rstar.benchreport import publish
 from rstar.pipeline.config import load_recipe
 
@@ -123,8 +124,8 @@ def run_robustness(config: str, out: str, seeds: int, rebuild_base: bool, root: 
         "## Tiny recipe robustness (`rstar bench-recipe --robustness`)", "",
         f"`rstar bench-recipe --config {config} --robustness --seeds {seeds}"
         f"{' --rebuild-base' if rebuild_base else ''}` on {cpu_model()} ({os.cpu_count()} CPUs), "
-        f"torch {torch.__version__}, transformers {transformers.__version__} (constraints.txt), "
-        f"{time.strftime('%Y-%m-%d')}. Each run is the whole recipe from the base in a fresh process and storage "
+        f"torch {torch.__version__}, transformers {transformers.__version__} (constraints.txt), code version "
+        f"{rstar.__version__}, {time.strftime('%Y-%m-%d')}. Each run is the whole recipe from the base in a fresh process and storage "
         f"root; the base is {base}. A seed moves SFT's data and order and every RL stage's prompts, sampling and "
         "RoC draws; the kernel set (`ATEN_CPU_CAPABILITY`) and thread count stand in for other CPUs. Held-out "
         f"accuracy is avg pass@1 over the {recipe.eval_problems.synthetic.n if recipe.eval_problems.synthetic else ''} "
