@@ -1,4 +1,5 @@
-"""The same RL stage trained by Hugging Face TRL's `GRPOTrainer` (an optional `bench` extra):
+"""The same RL stage trained by Hugging Face TRL's `GRPOTrainer` (the optional `bench` extra, TRL
+1.12: the newest verl 0.9.1 can run beside, as verl imports `trl.experimental.ppo` when TRL is there):
 the tiny SFT model, the same problems and prompts, G, temperature, token and turn limits,
 optimizer and schedule, this project's sandbox as the tool and its answer-only reward.
 
