@@ -2,7 +2,8 @@
 
 - `RStarAgentLoop` (registered as "rstar_agent"): a verl `AgentLoopBase` that runs
   `rstar.agent.loop.AgentLoop` against verl's server manager (vLLM replicas on GPUs).
-- `ServerManagerEngine`: the token-in/token-out `Engine` over verl's server manager.
+- `ServerManagerEngine`: the token-in/token-out `Engine` over verl's server manager, and
+  `engine_token_output` the other way round (an engine answering as a verl rollout server).
 - `SandboxTool`: a verl `BaseTool` backed by the sandbox service, for verl's own tool loop.
 - `compute_score`: the answer-only reward in verl's custom reward-function signature (the
   agent loop scores its own rollouts with the same function, so a rollout arrives at the
@@ -47,6 +48,18 @@ class ServerManagerEngine:
         else:
             stop = "stop"
         return Generation(ids, list(out.log_probs) if out.log_probs is not None else [0.0] * len(ids), None, stop)
+
+
+async def engine_token_output(engine, request_id: str, prompt_ids: list[int], sampling_params: dict,
+                              max_tokens: int, **extra_fields):
+    """What verl's rollout servers answer to `generate` (a TokenOutput), from one of this
+    project's engines (the HF engine as a verl replica on CPU; the peers bench)."""
+    from verl.workers.rollout.replica import TokenOutput
+
+    params = {k: sampling_params[k] for k in ("temperature", "top_p", "stop_token_ids") if k in sampling_params}
+    gen = await engine.generate(request_id, prompt_ids, {**params, "max_tokens": max_tokens})
+    return TokenOutput(token_ids=gen.token_ids, log_probs=gen.log_probs, stop_reason="completed",
+                       extra_fields=extra_fields)
 
 
 _clients: dict[str, SandboxClient] = {}

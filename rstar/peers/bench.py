@@ -37,22 +37,10 @@ LOOP_PROBLEMS = 64  # rollouts of the agent-loop comparison
 
 
 def _train_rstar(model_dir: str, problems: list[dict], cfg, on_step) -> tuple[list[dict], str]:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rstar.sandbox.service import embedded_sandbox
-    from rstar.train.rl import RLTrainer
+    from rstar.train.rl import train_from
 
     work = tempfile.mkdtemp(prefix="peers-rstar-")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-
-    async def run():
-        async with embedded_sandbox() as sb:
-            trainer = RLTrainer(model, AutoTokenizer.from_pretrained(model_dir), problems, sb, cfg, work,
-                                on_step=on_step)
-            return await trainer.run()
-
-    history = asyncio.run(run())
+    history = asyncio.run(train_from(model_dir, problems, cfg, work, on_step))
     for h in history:  # the same names as the TRL side's
         h["tokens"] = h["tokens_per_s"] * h["time_rollout_s"]
         h["time_step_s"] = h["time_rollout_s"] + h["time_reward_s"] + h["time_update_s"]

@@ -19,6 +19,7 @@ from rstar.agent.loop import LoopConfig, tool_response
 from rstar.reward.score import BatchScorer, ScoreItem
 from rstar.sandbox.result import ExecRequest
 from rstar.train.config import StageConfig
+from rstar.train.rl import optimizer_and_schedule
 
 _FLAT_CALL = "({'name': c.name, 'arguments': c.arguments} | tojson)"
 _FN = "(c.function if c.function is defined else c)"
@@ -93,9 +94,7 @@ def train_trl(model_dir: str, problems: list[dict], cfg: StageConfig, out_dir: s
             finally:
                 clock["generate_s"] += time.monotonic() - start
 
-    # the local trainer's optimizer and schedule: AdamW, linear warm-up from 1/warmup_steps, then constant
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    opt, sched = optimizer_and_schedule(model, cfg)  # the local trainer's own
     args = GRPOConfig(
         output_dir=out_dir, max_steps=cfg.steps, seed=cfg.seed, use_cpu=True, bf16=False, report_to=[],
         logging_steps=1, save_strategy="no", disable_tqdm=True,

@@ -45,12 +45,10 @@ class VerlServer:
         self.engine, self.max_model_len = engine, max_model_len
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict, **_):
-        from verl.workers.rollout.replica import TokenOutput
+        from rstar.agent.verl_adapter import engine_token_output
 
-        params = {k: sampling_params[k] for k in ("temperature", "top_p", "stop_token_ids") if k in sampling_params}
-        params["max_tokens"] = self.max_model_len - len(prompt_ids)
-        gen = await self.engine.generate(request_id, prompt_ids, params)
-        return TokenOutput(token_ids=gen.token_ids, log_probs=gen.log_probs, stop_reason="completed")
+        return await engine_token_output(self.engine, request_id, prompt_ids, sampling_params,
+                                         self.max_model_len - len(prompt_ids))
 
 
 @dataclass

@@ -49,15 +49,10 @@ def pipeline_report(recipe, outs: dict) -> dict:
 def ablation(recipe, sft_model: str, seeds: int = 3, modes=("roc", "grpo")) -> dict[str, dict[int, list[dict]]]:
     """Stage 1 from the SFT checkpoint once per RoC mode and seed: {mode: {seed: per-step history}}.
     Seeds count up from the stage's; a seed fixes the prompts, the sampling and RoC's draws."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import torch
-
     from rstar.data.io import read_table
     from rstar.pipeline.stages import Layout
-    from rstar.sandbox.service import embedded_sandbox
     from rstar.storage import dirs
-    from rstar.train.rl import RLTrainer
+    from rstar.train.rl import train_from
 
     layout = Layout(recipe.storage_root)
     problems = read_table(layout.dataset("train_problems"), "problems").to_pylist()
@@ -68,19 +63,12 @@ def ablation(recipe, sft_model: str, seeds: int = 3, modes=("roc", "grpo")) -> d
         for mode in modes:
             cfg = replace(stage, roc=replace(stage.roc, mode=mode), seed=seed, prompt_style=recipe.prompt_style)
             work = tempfile.mkdtemp(prefix=f"ablation-{mode}-{seed}-")
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
             def progress(step, m, mode=mode, seed=seed):
-                print(f"[ablation {mode} seed {seed}] step {step}/{cfg.steps} accuracy {m['accuracy']:.3f} "
+                print(f"[ablation {mode} seed {seed}] step {step}/{stage.steps} accuracy {m['accuracy']:.3f} "
                       f"tool errors in correct {m['tool_error_rate_positive']:.3f}", flush=True)
 
-            async def run():
-                async with embedded_sandbox() as sb:
-                    trainer = RLTrainer(model, AutoTokenizer.from_pretrained(path), problems, sb, cfg, work,
-                                        on_step=progress)
-                    return await trainer.run()
-
-            out[mode][seed] = asyncio.run(run())
+            out[mode][seed] = asyncio.run(train_from(path, problems, cfg, work, progress))
             shutil.rmtree(work, ignore_errors=True)
     return out
 

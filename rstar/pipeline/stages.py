@@ -93,8 +93,8 @@ def _model_output(uri: str, stage: str, metrics: dict) -> dict:
     return {"model": uri, "model_digest": digest(dirs.pull(uri)), "stage": stage, "metrics": metrics}
 
 
-def _progress(log, stage: str, clock: StepClock, step: int, metrics: dict) -> None:
-    log.metrics(step, metrics, prefix=f"{stage}/")
+def _progress(log, clock: StepClock, step: int, metrics: dict) -> None:
+    log.metrics(step, metrics, prefix=f"{clock.label}/")
     clock.tick(step, f"loss {metrics['loss']:.3f}")
 
 
@@ -130,7 +130,7 @@ def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     from rstar.model.shipped import pretrain_base
 
     clock = StepClock(spec.pretrain_steps, "pretrain", every=50)
-    model, tok, history = pretrain_base(spec, on_step=lambda s, m: _progress(log, "pretrain", clock, s, m))
+    model, tok, history = pretrain_base(spec, on_step=lambda s, m: _progress(log, clock, s, m))
     copying = _copy_probe(model, tok, log, recipe, chat=False)
     return _model_output(_save(model, tok, layout.model("base")), "base",
                          {"pretrain_loss": history[-1]["loss"] if history else None,
@@ -203,7 +203,7 @@ def sft(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
         return _sft_verl(recipe, layout, inputs, log, cfg, data)
     model, tok = _load(inputs["model"])
     clock = StepClock(cfg.epochs * -(-len(rows) // cfg.batch_size), "sft", every=50)
-    history = train_sft(model, tok, rows, cfg, on_step=lambda s, m: _progress(log, "sft", clock, s, m))
+    history = train_sft(model, tok, rows, cfg, on_step=lambda s, m: _progress(log, clock, s, m))
     log.curves(history, ["loss", "lr", "grad_norm"], "sft_curves.png")
     copying = _copy_probe(model, tok, log, recipe, chat=True)
     return _model_output(_save(model, tok, layout.model("sft"), recipe.prompt_style), "sft",
@@ -247,10 +247,11 @@ def _work_dir(recipe: Recipe, layout: Layout, stage: str, inputs: dict) -> tuple
     or from another input model never does. Other runs' directories are removed from storage
     (local or remote), so stale checkpoints do not pile up."""
     uri = work_uri(recipe, stage, inputs)
+    run = uri.rsplit("/", 1)[-1]
     fs, parent = filesystem(layout.work_uri(stage))
     if fs.exists(parent):
         for path in fs.ls(parent, detail=False):
-            if path.rstrip("/").rsplit("/", 1)[-1] != uri.rsplit("/", 1)[-1]:
+            if path.rstrip("/").rsplit("/", 1)[-1] != run:
                 fs.rm(path, recursive=True)
     return dirs.local_dir(uri), uri
 

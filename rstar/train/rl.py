@@ -46,6 +46,26 @@ def _log_probs(model, seqs: list[list[int]], starts: list[int], width: int, temp
     return out
 
 
+def optimizer_and_schedule(model, cfg: StageConfig):
+    """AdamW, and a learning rate that warms up linearly from 1/warmup_steps, then stays constant."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+
+
+async def train_from(model_dir: str, problems: list[dict], cfg: StageConfig, out_dir: str,
+                     on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
+    """Train the stage `cfg` from the Hugging Face checkpoint `model_dir` with the embedded
+    sandbox; its last checkpoint lands in `out_dir/checkpoint`. Returns the per-step history."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rstar.sandbox.service import embedded_sandbox
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    async with embedded_sandbox() as sb:
+        trainer = RLTrainer(model, AutoTokenizer.from_pretrained(model_dir), problems, sb, cfg, out_dir, on_step=on_step)
+        return await trainer.run()
+
+
 class RLTrainer:
     def __init__(self, model, tokenizer, problems: list[dict], sandbox, cfg: StageConfig, out_dir: str,
                  on_step: Callable[[int, dict], None] | None = None, trajectories: str | None = None,
@@ -59,8 +79,7 @@ class RLTrainer:
         self.model, self.tok, self.problems, self.sandbox = model, tokenizer, problems, sandbox
         self.cfg, self.out_dir, self.on_step, self.trajectories = cfg, out_dir, on_step, trajectories
         self.on_checkpoint = on_checkpoint
-        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+        self.opt, self.sched = optimizer_and_schedule(model, cfg)
         self.step = 0
         self.history: list[dict] = []
         self.started_as = ""  # what try_resume did: "resumed", "initialised" or "fresh"
@@ -181,8 +200,7 @@ class RLTrainer:
                 idx = rows[i:i + cfg.micro_batch_size]
                 new = _log_probs(self.model, [seqs[j] for j in idx], [starts[j] for j in idx], width, cfg.temperature)
                 loss, m = policy_loss(new.detach() if old is None else old[idx], new, adv[idx], mask[idx],
-                                      clip_low=cfg.clip_low,
-                                      clip_high=cfg.clip_high, batch_num_tokens=n_tokens)
+                                      clip_low=cfg.clip_low, clip_high=cfg.clip_high, batch_num_tokens=n_tokens)
                 loss.backward()
                 losses[-1] += loss.item()
                 clip += m["clip_fraction"] * mask[idx].sum().item() / all_tokens

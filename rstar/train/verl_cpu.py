@@ -161,13 +161,10 @@ class HFServer:
         self.global_steps = None
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict, **kwargs):
-        from verl.workers.rollout.replica import TokenOutput
+        from rstar.agent.verl_adapter import engine_token_output
 
-        params = {k: sampling_params[k] for k in ("temperature", "top_p", "stop_token_ids") if k in sampling_params}
-        params["max_tokens"] = sampling_params.get("max_tokens", 256)
-        gen = await self.engine.generate(request_id, prompt_ids, params)
-        return TokenOutput(token_ids=gen.token_ids, log_probs=gen.log_probs, stop_reason="completed",
-                           extra_fields={"global_steps": self.global_steps})
+        return await engine_token_output(self.engine, request_id, prompt_ids, sampling_params,
+                                         sampling_params.get("max_tokens", 256), global_steps=self.global_steps)
 
     def load_weights(self, state: dict) -> None:
         self.engine.load_state_dict(state)
