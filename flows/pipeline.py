@@ -9,17 +9,14 @@ from prefect import flow, get_run_logger
 
 from flows.reconcile import claim_root
 from rstar.pipeline.config import load_recipe
-from rstar.pipeline.stages import Layout
+from rstar.pipeline.layout import Layout
+from rstar.pipeline.records import StageInputs, StageOutput
 from rstar.tracking import mlflow_log as ml
 from tasks.stage import submit
 
 
-def _model_inputs(out: dict) -> dict:
-    return {"model": out["model"], "model_digest": out["model_digest"], "input_model": out["model_version"]}
-
-
 @flow(name="rstar-pipeline", log_prints=True)
-def pipeline(config: str = "configs/tiny.yaml", overrides: dict | None = None) -> dict:
+def pipeline(config: str = "configs/tiny.yaml", overrides: dict | None = None) -> dict[str, StageOutput]:
     """Run the recipe in `config` (overrides: {"rl.0.steps": 2, ...}). Returns every stage's outputs.
     One run per storage root at a time: a second one fails at once naming the first; what a
     killed run on the root left RUNNING is marked Crashed (Prefect) or FAILED (MLflow) first."""
@@ -28,7 +25,7 @@ def pipeline(config: str = "configs/tiny.yaml", overrides: dict | None = None) -
         return _run(recipe, config)
 
 
-def _run(recipe, config: str) -> dict:
+def _run(recipe, config: str) -> dict[str, StageOutput]:
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)
     ml.check_reachable(uri)
     root = Layout(recipe.storage_root).root
@@ -39,49 +36,38 @@ def _run(recipe, config: str) -> dict:
                           params=recipe.model_dump(mode="json"),
                           tags={ml.PIPELINE: "root", "rstar.recipe_digest": recipe.digest(), "rstar.config": config,
                                 ml.ROOT: root})
-    try:
-        outs: dict[str, dict] = {}
+    outs: dict[str, StageOutput] = {}
 
-        def run(name: str, inputs: dict) -> dict:
-            outs[name] = submit(name, recipe, inputs, parent)
-            return outs[name]
+    def run(name: str, inputs: StageInputs) -> StageOutput:
+        outs[name] = submit(name, recipe, inputs, parent)
+        return outs[name]
 
-        run("base", {})
-        data = run("problems", {})
-        train = {"problems": data["train"], "problems_digest": data["train_digest"]}
-        prev = run("sft", _model_inputs(outs["base"]))
-        for i, s in enumerate(recipe.rl):
-            last = i == len(recipe.rl) - 1
-            problems = train
-            if last:
-                hard = outs["mine"]
-                problems = {"problems": hard["problems"], "problems_digest": hard["problems_digest"]}
-            prev = run(s.name, {**_model_inputs(prev), **problems})
+    with ml.closing(uri, parent):
+        run("base", StageInputs())
+        data = run("problems", StageInputs())
+        model = run("sft", StageInputs(model=outs["base"].model)).model
+        for s in recipe.rl:
+            last = s is recipe.rl[-1]
+            problems = outs["mine"].datasets["hard_problems"] if last else data.datasets["train"]
+            model = run(s.name, StageInputs(model=model, problems=problems)).model
             if s.name == recipe.mine.after:
-                run("mine", {**_model_inputs(prev), **train})
-        models = ["sft"] + [s.name for s in recipe.rl]
-        copying = {m: {k: v for k, v in outs[m]["metrics"].items() if k.startswith("copy_")} for m in ("base", "sft")}
-        run("evaluate", {"models": {m: outs[m]["model"] for m in models}, "copying": copying,
-                         "digests": {m: outs[m]["model_digest"] for m in models},
-                         "versions": {m: outs[m]["model_version"] for m in models},
-                         "problems": data["eval"], "problems_digest": data["eval_digest"]})
-    except BaseException:
-        ml.end_run(uri, parent, "FAILED")
-        raise
-    ml.set_tags(uri, parent, {f"rstar.{k}.model_version": v["model_version"] for k, v in outs.items()
-                              if "model_version" in v})
-    _mark_reused(uri, parent, recipe, outs)
-    ml.end_run(uri, parent)
+                run("mine", StageInputs(model=model, problems=data.datasets["train"]))
+        checkpoints = ["sft"] + [s.name for s in recipe.rl]
+        copying = {m: {k: v for k, v in outs[m].metrics.items() if k.startswith("copy_")} for m in ("base", "sft")}
+        run("evaluate", StageInputs(models={m: outs[m].model for m in checkpoints}, copying=copying,
+                                    problems=data.datasets["eval"]))
+        ml.set_tags(uri, parent, {f"rstar.{k}.model_version": v.model.version for k, v in outs.items() if v.model})
+        _mark_reused(uri, parent, recipe, outs)
     _where_to_look(recipe, config, uri, parent, outs)
     return outs
 
 
-def _mark_reused(uri: str, parent: str, recipe, outs: dict) -> None:
+def _mark_reused(uri: str, parent: str, recipe, outs: dict[str, StageOutput]) -> None:
     """Stages served from Prefect's cache ran under an earlier pipeline run: this run links to
     their runs (`rstar.<stage>.reused_run`) and, when it ran nothing itself, says so in its name."""
     c = ml.client(uri)
-    reused = {stage: out["mlflow_run_id"] for stage, out in outs.items()
-              if c.get_run(out["mlflow_run_id"]).data.tags.get(ml.PIPELINE) != parent}
+    reused = {stage: out.mlflow_run_id for stage, out in outs.items()
+              if c.get_run(out.mlflow_run_id).data.tags.get(ml.PIPELINE) != parent}
     if not reused:
         return
     ml.set_tags(uri, parent, {"rstar.cached_stages": ",".join(reused),
@@ -90,11 +76,11 @@ def _mark_reused(uri: str, parent: str, recipe, outs: dict) -> None:
         c.update_run(parent, name=f"pipeline:{recipe.name} (all stages cached)")
 
 
-def _where_to_look(recipe, config: str, uri: str, parent: str, outs: dict) -> None:
+def _where_to_look(recipe, config: str, uri: str, parent: str, outs: dict[str, StageOutput]) -> None:
     log = get_run_logger()
-    log.info("\n%s\n\n%s\n", outs["evaluate"]["table"], "\n".join(outs["evaluate"]["verdict"]))
+    evaluation = outs["evaluate"].evaluation
+    log.info("\n%s\n\n%s\n", evaluation.table, "\n".join(evaluation.verdict))
     log.info("storage: %s", Layout(recipe.storage_root).root)
     log.info("MLflow parent run %s; UI: mlflow ui --backend-store-uri %s", parent, uri)
     log.info("Prefect UI: prefect server start (then open http://127.0.0.1:4200)")
-    log.info("lineage of the final model: rstar lineage %s --config %s", outs[recipe.rl[-1].name]["model_version"], config)
-
+    log.info("lineage of the final model: rstar lineage %s --config %s", outs[recipe.rl[-1].name].model.version, config)

@@ -11,6 +11,7 @@ import time
 from prefect import flow, get_run_logger
 
 from rstar.pipeline.config import load_recipe
+from rstar.pipeline.records import ModelRef, StageInputs, StageOutput, Stored
 from rstar.tracking import mlflow_log as ml
 from rstar.tracking.digest import digest
 from tasks.stage import submit
@@ -34,7 +35,7 @@ def resolve_versions(uri: str, model_name: str, versions: list[str]) -> dict[str
 
 @flow(name="rstar-reevaluate", log_prints=True)
 def reevaluate(config: str = "configs/tiny.yaml", versions: list[str] | None = None, problems: str | None = None,
-               overrides: dict | None = None) -> dict:
+               overrides: dict | None = None) -> StageOutput:
     """Evaluate `versions` (default: the latest) on `problems` (default: the recipe's held-out set)."""
     recipe = load_recipe(config, overrides)
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)
@@ -42,21 +43,13 @@ def reevaluate(config: str = "configs/tiny.yaml", versions: list[str] | None = N
     sources = resolve_versions(uri, recipe.tracking.registered_model, versions or ["latest"])
     parent = ml.start_run(uri, recipe.tracking.experiment, f"reevaluate:{recipe.name}",
                           tags={ml.PIPELINE: "reevaluate"}, params={"versions": sorted(sources)})
-    try:
+    with ml.closing(uri, parent):
         if problems is None:
-            data = submit("problems", recipe, {}, parent)  # cached when the pipeline already made it
-            problems = data["eval"]
-        names = {v: v.replace("/", "-v") for v in sources}
-        out = submit("evaluate", recipe, {
-            "models": {names[v]: src for v, (src, _) in sources.items()},
-            "digests": {names[v]: registered for v, (_, registered) in sources.items() if registered},
-            "versions": {names[v]: v for v in sources},
-            "problems": problems, "problems_digest": digest(problems),
-            "report_name": f"reeval-{time.strftime('%Y%m%d-%H%M%S')}"}, parent)
-    except BaseException:
-        ml.end_run(uri, parent, "FAILED")
-        raise
-    ml.end_run(uri, parent)
-    get_run_logger().info("\n%s", out["table"])
+            held_out = submit("problems", recipe, StageInputs(), parent).datasets["eval"]  # cached after a pipeline run
+        else:
+            held_out = Stored(problems, digest(problems))
+        models = {v.replace("/", "-v"): ModelRef(source, registered, v) for v, (source, registered) in sources.items()}
+        out = submit("evaluate", recipe, StageInputs(models=models, problems=held_out,
+                                                     report_name=f"reeval-{time.strftime('%Y%m%d-%H%M%S')}"), parent)
+    get_run_logger().info("\n%s", out.evaluation.table)
     return out
-

@@ -40,6 +40,22 @@ def pytest_unconfigure(config):
     os._exit(int(_session.exitstatus) if _session is not None else 0)
 
 
+@pytest.fixture
+def log_lines(monkeypatch):
+    """rstar's log lines on stderr as the `rstar` command configures them (rstar.logs), undone
+    after the test."""
+    import logging
+
+    from rstar.logs import LEVEL_ENV, configure
+
+    logger = logging.getLogger("rstar")
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "propagate", logger.propagate)
+    monkeypatch.setattr(logger, "level", logger.level)
+    monkeypatch.delenv(LEVEL_ENV, raising=False)
+    configure("INFO")
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     from rstar.model.tiny import build_tiny

@@ -33,6 +33,12 @@ class Engine(Protocol):
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation: ...
 
 
+def rollout_of(request_id: str) -> str:
+    """The rollout a generation request belongs to: the loop asks for each turn as
+    `<rollout id>/<turn>`, so engines and schedulers can keep a rollout's turns together."""
+    return request_id.rsplit("/", 1)[0]
+
+
 class Sandbox(Protocol):
     async def run_many(self, reqs: list[ExecRequest]) -> list[ExecResult]: ...
 

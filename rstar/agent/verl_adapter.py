@@ -23,9 +23,8 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from rstar.agent.format import TOOL_SCHEMA
-from rstar.agent.loop import AgentLoop, Generation, LoopConfig
+from rstar.agent.loop import AgentLoop, Generation, LoopConfig, rollout_of
 from rstar.reward.score import score
-from rstar.rollout.scheduler import rollout_of
 from rstar.sandbox.client import SandboxClient
 
 

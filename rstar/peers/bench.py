@@ -125,7 +125,7 @@ def run_peer_benchmark(config: str, steps: int, seeds: int, root: str | None, ou
     from rstar.data.io import read_table
     from rstar.eval.run import evaluate_model, overall_accuracy
     from rstar.pipeline.config import load_recipe
-    from rstar.pipeline.stages import Layout
+    from rstar.pipeline.layout import Layout
 
     from transformers.utils import logging as hf_logging
 

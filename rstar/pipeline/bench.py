@@ -1,7 +1,8 @@
 """`rstar bench-recipe`: the tiny recipe's figures for docs/benchmarks.md.
 
-1. Runs the pipeline (or finds it in Prefect's cache) and reads from MLflow how long each
-   stage of the run that computed it took: the recipe is SFT + the three RL stages (+ mining).
+1. From a run of the pipeline (the command runs it, or finds it in Prefect's cache), how long
+   each stage of the run that computed it took, read from MLflow: the recipe is SFT + the three
+   RL stages (+ mining).
 2. The held-out accuracy of the SFT checkpoint and of every RL stage.
 3. The paper's ablation in miniature: RL stage 1 twice from the same SFT checkpoint, same
    seeds and steps, with RoC and with plain GRPO; the tool-error rate inside the correct
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -18,39 +20,41 @@ from dataclasses import replace
 
 from rstar.benchreport import publish
 from rstar.pipeline.config import load_recipe
+from rstar.pipeline.records import StageOutput
 from rstar.eval.run import overall_accuracy
 from rstar.storage import atomic_write_text
 from rstar.tracking import mlflow_log as ml
 
+log = logging.getLogger(__name__)
 RECIPE_STAGES = ("sft", "rl1", "rl2", "mine", "rl3")
 
 
-def _stage_seconds(recipe, outs: dict) -> dict[str, float]:
+def _stage_seconds(recipe, outs: dict[str, StageOutput]) -> dict[str, float]:
     c = ml.client(recipe.tracking.tracking_uri)
     seconds = {}
     for stage, out in outs.items():
-        if "mlflow_run_id" in out:
-            info = c.get_run(out["mlflow_run_id"]).info
+        if out.mlflow_run_id:
+            info = c.get_run(out.mlflow_run_id).info
             seconds[stage] = (info.end_time - info.start_time) / 1000
     return seconds
 
 
-def pipeline_report(recipe, outs: dict) -> dict:
+def pipeline_report(recipe, outs: dict[str, StageOutput]) -> dict:
     """What one pipeline run measured, as JSON: each stage's headline metrics and seconds, held-out
     accuracy per checkpoint, the recipe's time and the verdict (`rstar pipeline run --report-json`)."""
     seconds = _stage_seconds(recipe, outs)
-    ev = outs["evaluate"]
-    return {"metrics": {stage: out.get("metrics", {}) for stage, out in outs.items() if stage != "evaluate"},
+    ev = outs["evaluate"].evaluation
+    return {"metrics": {stage: out.metrics for stage, out in outs.items() if stage != "evaluate"},
             "seconds": seconds, "recipe_seconds": sum(seconds.get(s, 0.0) for s in RECIPE_STAGES),
-            "accuracy": {name: overall_accuracy(s) for name, s in ev["summaries"].items()},
-            "learnt": ev["learnt"], "verdict": ev["verdict"]}
+            "accuracy": {name: overall_accuracy(s) for name, s in ev.summaries.items()},
+            "learnt": ev.learnt, "verdict": ev.verdict}
 
 
 def ablation(recipe, sft_model: str, seeds: int = 3, modes=("roc", "grpo")) -> dict[str, dict[int, list[dict]]]:
     """Stage 1 from the SFT checkpoint once per RoC mode and seed: {mode: {seed: per-step history}}.
     Seeds count up from the stage's; a seed fixes the prompts, the sampling and RoC's draws."""
     from rstar.data.io import read_table
-    from rstar.pipeline.stages import Layout
+    from rstar.pipeline.layout import Layout
     from rstar.storage import dirs
     from rstar.train.rl import train_from
 
@@ -65,8 +69,8 @@ def ablation(recipe, sft_model: str, seeds: int = 3, modes=("roc", "grpo")) -> d
             work = tempfile.mkdtemp(prefix=f"ablation-{mode}-{seed}-")
 
             def progress(step, m, mode=mode, seed=seed):
-                print(f"[ablation {mode} seed {seed}] step {step}/{stage.steps} accuracy {m['accuracy']:.3f} "
-                      f"tool errors in correct {m['tool_error_rate_positive']:.3f}", flush=True)
+                log.info("[ablation %s seed %d] step %d/%d accuracy %.3f tool errors in correct %.3f", mode, seed,
+                         step, stage.steps, m["accuracy"], m["tool_error_rate_positive"])
 
             out[mode][seed] = asyncio.run(train_from(path, problems, cfg, work, progress))
             shutil.rmtree(work, ignore_errors=True)
@@ -145,20 +149,15 @@ def ablation_table(histories: dict[str, dict[int, list[dict]]], window: int) -> 
     return rows, end["roc"] < end["grpo"]
 
 
-def run_recipe_benchmark(config: str, out: str = "docs/benchmarks.md", png: str = "docs/tiny_ablation.png",
-                         seeds: int = 3) -> str:
-    import time
-
-    from flows.pipeline import pipeline
-
+def write_recipe_benchmark(config: str, outs: dict[str, StageOutput], wall: float, out: str = "docs/benchmarks.md",
+                           png: str = "docs/tiny_ablation.png", seeds: int = 3) -> str:
+    """The section for one finished run of the recipe in `config` (`outs`: the pipeline's
+    outputs, `wall`: how long the run that returned them took), with the ablation run here."""
     recipe = load_recipe(config)
-    start = time.monotonic()
-    outs = pipeline(config)
-    wall = time.monotonic() - start
     seconds = _stage_seconds(recipe, outs)
-    summaries = outs["evaluate"]["summaries"]
+    summaries = outs["evaluate"].evaluation.summaries
     acc = {name: overall_accuracy(s) for name, s in summaries.items()}
-    histories = ablation(recipe, outs["sft"]["model"], seeds)
+    histories = ablation(recipe, outs["sft"].model.uri, seeds)
     # the per-step histories beside the plot, to re-plot or re-read
     atomic_write_text(os.path.splitext(png)[0] + ".json", json.dumps(histories, indent=1, default=str))
     plot_ablation(histories, png)

@@ -23,6 +23,7 @@ from rstar.data.sources import column_error
 from rstar.data import synth
 from rstar.errors import NotRetryable
 from rstar.eval.run import EvalConfig
+from rstar.pipeline.records import StageInputs
 from rstar.pipeline.verdict import Expect
 from rstar.train.config import SFTConfig, StageConfig
 
@@ -178,11 +179,11 @@ class Recipe(_Strict):
         return {"rl": next(s for s in dump["rl"] if s["name"] == stage), "prompt_style": self.prompt_style,
                 "engine": self.engine}
 
-    def cache_key(self, stage: str, inputs: dict) -> str:
+    def cache_key(self, stage: str, inputs: StageInputs) -> str:
         """Names a stage's outputs: its recipe section, inputs, storage root and the code's
         version (bumped when a change alters what a stage produces, so no stale result is served)."""
         return f"{self.name}-{stage}-" + _digest({"section": self.section(stage), "root": self.storage_root,
-                                                   "inputs": inputs, "version": rstar.__version__})
+                                                   "inputs": inputs.key(), "version": rstar.__version__})
 
 
 def _digest(obj) -> str:

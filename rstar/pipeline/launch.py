@@ -10,32 +10,21 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from rstar.cluster import ensure_ray
 from rstar.pipeline.config import Recipe
+from rstar.pipeline.layout import Layout
+from rstar.pipeline.records import StageInputs, StageOutput
 
 # Environment a stage needs on whatever node runs it: storage endpoints and credentials,
 # MLflow settings, project settings, torch's kernel choice (ATEN_CPU_CAPABILITY).
 FORWARDED = ("RSTAR_", "AWS_", "MLFLOW_", "HF_", "ATEN_")
 
 
-def ensure_ray(cpus: float, object_store_mb: int = 256) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=True)
-        return
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # a local Ray binds to loopback only
-    ray.init(num_cpus=max(1, int(cpus)), object_store_memory=object_store_mb * 1024 * 1024,
-             include_dashboard=False, log_to_driver=True)
-
-
-def run_job(stage: str, recipe: Recipe, inputs: dict, tracking_uri: str, run_id: str,
-            on_progress: Callable[[tuple], None] | None = None) -> dict:
+def run_job(stage: str, recipe: Recipe, inputs: StageInputs, tracking_uri: str, run_id: str,
+            on_progress: Callable[[tuple], None] | None = None) -> StageOutput:
     """Run `stage` in a Ray worker and return its outputs (raises what the stage raised, or
     ray's error when the worker died). With `on_progress`, the worker's progress ticks
-    (rstar.pipeline.progress) come to it, through a Ray queue, instead of being printed."""
+    (rstar.pipeline.progress) come to it, through a Ray queue, instead of being logged."""
     import ray
 
     ensure_ray(recipe.resources.cpus)
@@ -94,20 +83,19 @@ def shortfall(stage: str, recipe: Recipe, nodes: list[dict]) -> str | None:
 
 
 def pid_file(recipe: Recipe, stage: str) -> str:
-    from rstar.pipeline.stages import Layout
-
     return Layout(recipe.storage_root).work(stage) + ".pid"
 
 
-def _job(stage: str, recipe: Recipe, inputs: dict, tracking_uri: str, run_id: str, ticks) -> dict:
+def _job(stage: str, recipe: Recipe, inputs: StageInputs, tracking_uri: str, run_id: str, ticks) -> StageOutput:
     import torch
+    from transformers.utils import logging as hf_logging
 
+    from rstar.logs import configure
     from rstar.pipeline import progress, stages
     from rstar.storage import atomic_write_text
     from rstar.tracking.mlflow_log import StageLog
 
-    from transformers.utils import logging as hf_logging
-
+    configure()  # at the driver's level (RSTAR_LOG_LEVEL, forwarded)
     torch.set_num_threads(max(1, int(recipe.resources.cpus)))
     hf_logging.disable_progress_bar()  # a "Loading weights" / "Writing model shards" bar per checkpoint is noise
     atomic_write_text(pid_file(recipe, stage), str(os.getpid()))

@@ -14,7 +14,7 @@ import sys
 
 from rstar.errors import NotRetryable
 from rstar.pipeline.config import Recipe
-from rstar.pipeline.stages import Layout
+from rstar.pipeline.layout import Layout
 from rstar.storage import dirs
 
 
@@ -75,7 +75,7 @@ def _verl_command(recipe: Recipe, layout: Layout, name: str, before: str) -> lis
     rl = next((s for s in recipe.rl if s.name == name), None)
     if recipe.engine != "verl" or (rl is None and name != "sft"):
         return None
-    work = f"{layout.work_uri(name)}/RUN"  # named at run time by the recipe and inputs (stages._work_dir)
+    work = f"{layout.work_uri(name)}/RUN"  # named at run time by the recipe and inputs (rstar.pipeline.cache.work_dir)
     device, n_gpus = "gpu" if recipe.resources.gpus else "cpu", int(recipe.resources.gpus) or 1
     if rl is None:
         cmd, check = sft_command(replace(recipe.sft.train, prompt_style=recipe.prompt_style),

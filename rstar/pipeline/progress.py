@@ -3,21 +3,23 @@
 A stage's work runs in a Ray worker. Where the pipeline's output is a terminal, the driver
 draws a rich progress bar per task (pretrain, sft, rl1, mine, eval/rl3 ...) from the ticks the
 worker sends it (`connected`, rstar.pipeline.launch); piped to a file or a CI log, the worker
-prints plain lines instead, with the same figures.
+logs plain lines instead (rstar.logs), with the same figures.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
+log = logging.getLogger(__name__)
 _send: Callable[[tuple], None] | None = None  # set in a worker whose driver draws the bars
 SEND_EVERY_S = 0.2  # a tick is a Ray call: at most five a second per task, and always the last
 
 
 @contextmanager
 def connected(send: Callable[[tuple], None] | None):
-    """Within the body, ticks go to `send` as (label, done, total, text) instead of being printed."""
+    """Within the body, ticks go to `send` as (label, done, total, text) instead of being logged."""
     global _send
     _send = send
     try:
@@ -34,7 +36,7 @@ def _span(seconds: float) -> str:
 class StepClock:
     """`clock.where(step)` -> "step 12/40, 1m05s, ~2m31s left": the rate of the steps run since the
     clock started (a resumed stage's first reported step may not be 1). `tick` reports a step:
-    to the driver's bar, or as a printed `[label] ...` line every `every` steps and at the last."""
+    to the driver's bar, or as a logged `[label] ...` line every `every` steps and at the last."""
 
     def __init__(self, total: int, label: str = "", every: int = 1, unit: str = "step") -> None:
         self.total, self.label, self.every, self.unit = total, label, max(1, every), unit
@@ -55,7 +57,7 @@ class StepClock:
                 self.sent = now
                 _send((self.label, step, self.total, text))
         elif step % self.every == 0 or step == self.total:
-            print(f"[{self.label}] {where}" + (f": {text}" if text else ""), flush=True)
+            log.info("[%s] %s%s", self.label, where, f": {text}" if text else "")
 
     def advance(self, n: int = 1) -> None:
         """Count `n` more units done (rollouts of a sampling stage)."""

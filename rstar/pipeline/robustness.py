@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import logging
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -27,6 +27,7 @@ import rstar
 from rstar.benchreport import publish
 from rstar.pipeline.config import load_recipe
 
+log = logging.getLogger(__name__)
 TARGETS = {"sft_max": 0.30, "final_min": 0.75, "gain_min": 0.40}
 
 
@@ -69,13 +70,13 @@ def seed_overrides(recipe, seed: int, rebuild_base: bool) -> dict:
     return over
 
 
-def run_variant(config: str, variant: Variant, root: str) -> dict:
-    """One whole pipeline run in a fresh process (the kernel set is fixed when torch loads);
-    returns its report (rstar pipeline run --report-json)."""
+def run_variant(config: str, variant: Variant, root: str, rstar_command: list[str]) -> dict:
+    """One whole pipeline run in a fresh process (the kernel set is fixed when torch loads),
+    through `rstar_command ... pipeline run`; returns its report (`--report-json`)."""
     report = os.path.join(root, "report.json")
     sets = {**variant.overrides, "storage_root": root,
             "tracking.tracking_uri": f"sqlite:///{os.path.abspath(root)}/mlruns.db"}
-    cmd = [sys.executable, "-m", "rstar.cli", "pipeline", "run", "--config", config, "--report-json", report]
+    cmd = [*rstar_command, "pipeline", "run", "--config", config, "--report-json", report]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={json.dumps(value)}"]
     subprocess.run(cmd, check=True, env={**os.environ, **variant.env})
@@ -104,7 +105,10 @@ def table(results: list[tuple[Variant, dict]]) -> list[str]:
     return rows
 
 
-def run_robustness(config: str, out: str, seeds: int, rebuild_base: bool, root: str) -> str:
+def run_robustness(config: str, out: str, seeds: int, rebuild_base: bool, root: str,
+                   rstar_command: list[str]) -> str:
+    """Every variant's run (`rstar_command`: how to start the `rstar` command line), checked
+    against the targets, as section `tiny-robustness` of `out`."""
     import torch
     import transformers
 
@@ -113,10 +117,10 @@ def run_robustness(config: str, out: str, seeds: int, rebuild_base: bool, root: 
     recipe = load_recipe(config)
     results = []
     for i, v in enumerate(variants(recipe, seeds, rebuild_base)):
-        print(f"[robustness] run {i + 1}: {v.label}", flush=True)
-        r = run_variant(config, v, os.path.join(root, f"run{i}"))
+        log.info("[robustness] run %d: %s", i + 1, v.label)
+        r = run_variant(config, v, os.path.join(root, f"run{i}"), rstar_command)
         results.append((v, r))
-        print(f"[robustness] {v.label}: accuracy {r['accuracy']}, targets {meets(r)}", flush=True)
+        log.info("[robustness] %s: accuracy %s, targets %s", v.label, r["accuracy"], meets(r))
     every = all(all(meets(r).values()) for _, r in results)
     base = "pretrained in each run (its seed moved with the run's)" if rebuild_base else \
         f"the shipped one ({recipe.base.shipped})"

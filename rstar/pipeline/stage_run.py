@@ -8,15 +8,16 @@ gets a fresh run.
 """
 from __future__ import annotations
 
+from rstar.pipeline.cache import resumes, work_uri
 from rstar.pipeline.config import Recipe
-from rstar.pipeline.stages import resumes, work_uri
+from rstar.pipeline.records import StageInputs
 from rstar.storage import atomic_write_text, filesystem
 from rstar.tracking import mlflow_log as ml
 
 RUN_ID = "mlflow_run_id"
 
 
-def open_stage_run(tracking_uri: str, recipe: Recipe, stage: str, inputs: dict, parent: str,
+def open_stage_run(tracking_uri: str, recipe: Recipe, stage: str, inputs: StageInputs, parent: str,
                    tags: dict) -> tuple[str, bool]:
     """(run id, whether it continues an earlier attempt's run) for `stage` under the pipeline run `parent`."""
     marker = f"{work_uri(recipe, stage, inputs)}/{RUN_ID}" if resumes(recipe, stage) else None

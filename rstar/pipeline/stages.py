@@ -1,10 +1,12 @@
 """The recipe's stages as plain functions: base model -> problems -> SFT -> RL stages, with
 hard-sample mining before the last one -> evaluation.
 
-Every stage reads its inputs from URIs, writes its outputs under the storage root, and
-returns a small dict of URIs, content digests and headline metrics; nothing else passes
-between stages. Prefect (tasks/) retries and caches them, Ray runs them where their
-resources are, MLflow (rstar.tracking) records them: none of that is in here.
+Every stage reads its inputs from URIs (`StageInputs`), writes its outputs under the storage
+root (`Layout`), and returns a `StageOutput` of URIs, content digests and headline metrics;
+nothing else passes between stages (rstar.pipeline.records). Prefect (tasks/) retries and
+caches them, Ray runs them where their resources are, MLflow (rstar.tracking) records them:
+none of that is in here. With `engine: verl`, SFT and RL run verl's own trainers
+(rstar.pipeline.verl_stages).
 """
 from __future__ import annotations
 
@@ -13,84 +15,16 @@ import os
 import shutil
 from dataclasses import replace
 
-from rstar.agent.format import save_style
 from rstar.errors import NotRetryable
+from rstar.pipeline import cache, verl_stages
 from rstar.pipeline.config import Recipe
+from rstar.pipeline.layout import Layout
 from rstar.pipeline.progress import StepClock
-from rstar.storage import atomic_write_text, dirs, filesystem, is_remote
+from rstar.pipeline.publish import load, model_output, publish, save
+from rstar.pipeline.records import Evaluation, StageInputs, StageOutput, Stored
+from rstar.storage import dirs, filesystem, is_remote
 from rstar.tracking.digest import digest
 from rstar.tracking.mlflow_log import EVAL_LABEL
-
-# In a verl stage's published model: where its last actor checkpoint (optimizer state) lies.
-VERL_CHECKPOINT = "verl_actor_checkpoint.txt"
-
-
-class Layout:
-    """Where each stage's files live under the storage root."""
-
-    def __init__(self, root: str) -> None:
-        self.root = root.rstrip("/") if is_remote(root) else os.path.abspath(root)
-
-    def dataset(self, name: str) -> str:
-        return f"{self.root}/datasets/{name}.parquet"
-
-    def model(self, stage: str) -> str:
-        return f"{self.root}/models/{stage}"
-
-    def registered(self, stage: str, digest: str) -> str:
-        """Where a registered version of a stage's model lies, never overwritten (dirs.snapshot)."""
-        return f"{self.root}/registry/{stage}-{digest}"
-
-    def trajectories(self, stage: str) -> str:
-        return f"{self.root}/trajectories/stage={stage}"
-
-    def reports(self, name: str) -> str:
-        return f"{self.root}/reports/{name}"
-
-    def work_uri(self, stage: str) -> str:
-        """Where a stage's working directories (its trainer checkpoints) live under the root."""
-        return f"{self.root}/work/{stage}"
-
-    def work(self, stage: str) -> str:
-        """The local copy of a stage's working directory."""
-        return dirs.local_dir(self.work_uri(stage))
-
-
-def _load(uri: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import torch
-
-    path = dirs.pull(uri)
-    if path is None:
-        raise FileNotFoundError(f"no model stored at {uri}")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
-
-
-def _publish(uri: str, fill, style: str | None = None) -> str:
-    """Store a finished model directory at `uri` atomically: `fill(tmp_dir)` writes it, then
-    it replaces the old one whole (and is pushed, for a remote root). `style`: the prompt style
-    it was trained with, stored beside it (`rstar eval` reads it back)."""
-    def fill_with_style(tmp: str) -> None:
-        fill(tmp)
-        if style:
-            save_style(tmp, style)
-
-    dirs.replace_dir(dirs.local_dir(uri), fill_with_style)
-    dirs.push(uri)
-    return uri
-
-
-def _save(model, tokenizer, uri: str, style: str | None = None) -> str:
-    def fill(tmp: str) -> None:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-
-    return _publish(uri, fill, style)
-
-
-def _model_output(uri: str, stage: str, metrics: dict) -> dict:
-    return {"model": uri, "model_digest": digest(dirs.pull(uri)), "stage": stage, "metrics": metrics}
 
 
 def _progress(log, clock: StepClock, step: int, metrics: dict) -> None:
@@ -109,32 +43,32 @@ def _copy_probe(model, tokenizer, log, recipe: Recipe, *, chat: bool) -> dict:
     return scores
 
 
-# -- stages -----------------------------------------------------------------------------------
-def base(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
+# -- the model SFT starts from ----------------------------------------------------------------
+def base(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput:
     """The model SFT starts from: the tiny base shipped with the project (checked against its
     manifest), built and pretrained here, or taken from a path/hub name."""
     spec = recipe.base
     if not spec.build_tiny:
-        return _model_output(_publish(layout.model("base"), lambda tmp: _copy_base(spec.path, tmp)), "base", {})
+        return model_output(publish(layout.model("base"), lambda tmp: _copy_base(spec.path, tmp)), "base", {})
     if spec.shipped:
         from rstar.model.shipped import MANIFEST, check_shipped
 
         manifest = check_shipped(os.path.abspath(spec.shipped), spec)
         log.tag("rstar.base_shipped", f"{spec.shipped} digest {manifest['digest']} built {manifest['built']} "
                                       f"on {manifest['cpu']}")
-        uri = _publish(layout.model("base"), lambda tmp: shutil.copytree(
+        uri = publish(layout.model("base"), lambda tmp: shutil.copytree(
             os.path.abspath(spec.shipped), tmp, ignore=shutil.ignore_patterns(MANIFEST)))
-        model, tok = _load(uri)
+        model, tok = load(uri)
         copying = _copy_probe(model, tok, log, recipe, chat=False)
-        return _model_output(uri, "base", copying)  # its model_digest is the manifest's digest
+        return model_output(uri, "base", copying)  # its model digest is the manifest's digest
     from rstar.model.shipped import pretrain_base
 
     clock = StepClock(spec.pretrain_steps, "pretrain", every=50)
     model, tok, history = pretrain_base(spec, on_step=lambda s, m: _progress(log, clock, s, m))
     copying = _copy_probe(model, tok, log, recipe, chat=False)
-    return _model_output(_save(model, tok, layout.model("base")), "base",
-                         {"pretrain_loss": history[-1]["loss"] if history else None,
-                          "parameters": sum(p.numel() for p in model.parameters()), **copying})
+    return model_output(save(model, tok, layout.model("base")), "base",
+                        {"pretrain_loss": history[-1]["loss"] if history else None,
+                         "parameters": sum(p.numel() for p in model.parameters()), **copying})
 
 
 def _copy_base(path: str, out: str) -> None:
@@ -155,40 +89,43 @@ def _copy_base(path: str, out: str) -> None:
     tok.save_pretrained(out)
 
 
-def problems(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
+# -- data --------------------------------------------------------------------------------------
+def problems(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput:
     """Training and held-out problems (synthetic, or curated from files, decontaminated
     against the held-out set)."""
     from rstar.data import synth
     from rstar.data.curate import SourceSpec, curate, write_report
     from rstar.data.io import read_table, write_table
 
-    out = {}
+    made: dict[str, Stored] = {}
+    rows_kept = {}
     for name in ("eval", "train"):  # eval first: training problems are decontaminated against it
         spec = recipe.eval_problems if name == "eval" else recipe.train_problems
         path = layout.dataset(f"{name}_problems")
-        held_out = [r["problem"] for r in read_table(out["eval"], "problems").to_pylist()] if name == "train" else []
+        held_out = [r["problem"] for r in read_table(made["eval"].uri, "problems").to_pylist()] \
+            if name == "train" else []
         if spec.synthetic:
             s = spec.synthetic
             rows = synth.generate(s.n, seed=s.seed, levels=tuple(s.levels), families=s.families, prefix=name)
             excluded = set(held_out)
             rows = [r for r in rows if r["problem"] not in excluded]
             write_table(rows, path, "problems")
-            kept = len(rows)
+            rows_kept[name] = len(rows)
         else:
             report = curate([SourceSpec.parse(f) for f in spec.files], path, layout.dataset(f"{name}_rejects"),
                             eval_problems=held_out)
             write_report(report, layout.reports(f"curation_{name}.json"))
-            kept = report.kept
-        out[name] = path
-        out[f"{name}_digest"] = digest(path)
-        out[f"{name}_rows"] = kept
-    log.dataset(out["train"], "train_problems", out["train_digest"], context="output")
-    log.dataset(out["eval"], "eval_problems", out["eval_digest"], context="output")
-    return {**out, "metrics": {"train_problems": out["train_rows"], "eval_problems": out["eval_rows"]}}
+            rows_kept[name] = report.kept
+        made[name] = Stored(path, digest(path))
+    for name in ("train", "eval"):
+        log.dataset(made[name].uri, f"{name}_problems", made[name].digest, context="output")
+    return StageOutput("problems", {"train_problems": rows_kept["train"], "eval_problems": rows_kept["eval"]},
+                       datasets={"train": made["train"], "eval": made["eval"]})
 
 
-def sft(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
-    """Non-reasoning SFT of the base model on generated tool-use chats."""
+# -- training ----------------------------------------------------------------------------------
+def sft(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput:
+    """Non-reasoning SFT of the base model on generated tool-use chats (or chat files)."""
     from rstar.data import sft as sft_data
     from rstar.data.io import write_table
     from rstar.train.sft import train_sft
@@ -200,63 +137,22 @@ def sft(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     log.dataset(data, "sft_chats", digest(data), context="training")
     cfg = replace(spec.train, prompt_style=recipe.prompt_style)
     if recipe.engine == "verl":
-        return _sft_verl(recipe, layout, inputs, log, cfg, data)
-    model, tok = _load(inputs["model"])
+        merged = verl_stages.sft(recipe, inputs, log, cfg, data)
+        copying = {}
+        if recipe.base.build_tiny:  # the copy probes are the tiny model's diagnostic; a real one is never loaded here
+            copying = _copy_probe(*load(merged), log, recipe, chat=True)
+        return model_output(publish(layout.model("sft"), lambda tmp: shutil.copytree(merged, tmp),
+                                    recipe.prompt_style), "sft", copying)
+    model, tok = load(inputs.model.uri)
     clock = StepClock(cfg.epochs * -(-len(rows) // cfg.batch_size), "sft", every=50)
     history = train_sft(model, tok, rows, cfg, on_step=lambda s, m: _progress(log, clock, s, m))
     log.curves(history, ["loss", "lr", "grad_norm"], "sft_curves.png")
     copying = _copy_probe(model, tok, log, recipe, chat=True)
-    return _model_output(_save(model, tok, layout.model("sft"), recipe.prompt_style), "sft",
-                         {"final_loss": history[-1]["loss"], **copying})
+    return model_output(save(model, tok, layout.model("sft"), recipe.prompt_style), "sft",
+                        {"final_loss": history[-1]["loss"], **copying})
 
 
-def _sft_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, data: str) -> dict:
-    """The cluster path: verl's Ray SFT trainer (rstar.train.verl_sft) over the recipe's GPUs, or
-    on this machine's CPU with `resources.gpus: 0`; its last checkpoint merged into a Hugging
-    Face directory. verl resumes from its checkpoint of the last finished epoch after a retry."""
-    from rstar.train.verl_sft import last_checkpoint, sft_command
-
-    work, _ = _work_dir(recipe, layout, "sft", inputs)
-    os.makedirs(work, exist_ok=True)
-    device = "gpu" if recipe.resources.gpus else "cpu"
-    cmd = sft_command(cfg, model=dirs.pull(inputs["model"]), train_files=data, out_dir=work,
-                      n_gpus=int(recipe.resources.gpus) or 1, nodes=recipe.resources.nodes,
-                      experiment=recipe.tracking.experiment, device=device)
-    merged = _run_verl_job(cmd, "sft", log, work, device, int(recipe.resources.cpus), lambda: last_checkpoint(work))
-    copying = {}
-    if recipe.base.build_tiny:  # the copy probes are the tiny model's diagnostic; a real one is never loaded here
-        copying = _copy_probe(*_load(merged), log, recipe, chat=True)
-    return _model_output(_publish(layout.model("sft"), lambda tmp: shutil.copytree(merged, tmp), recipe.prompt_style),
-                         "sft", copying)
-
-
-def resumes(recipe: Recipe, stage: str) -> bool:
-    """Whether `stage` continues from checkpoints in its working directory after a retry or a
-    kill: the RL stages, and SFT on verl (the local SFT and the other stages start over)."""
-    return stage in {s.name for s in recipe.rl} or (stage == "sft" and recipe.engine == "verl")
-
-
-def work_uri(recipe: Recipe, stage: str, inputs: dict) -> str:
-    """The URI of a stage's working directory for this recipe and these inputs."""
-    return f"{Layout(recipe.storage_root).work_uri(stage)}/{recipe.cache_key(stage, inputs)}"
-
-
-def _work_dir(recipe: Recipe, layout: Layout, stage: str, inputs: dict) -> tuple[str, str]:
-    """A stage's working directory (local, and its URI under the root) for this recipe and
-    these inputs: a retry resumes from the checkpoints it finds there; a run of another recipe
-    or from another input model never does. Other runs' directories are removed from storage
-    (local or remote), so stale checkpoints do not pile up."""
-    uri = work_uri(recipe, stage, inputs)
-    run = uri.rsplit("/", 1)[-1]
-    fs, parent = filesystem(layout.work_uri(stage))
-    if fs.exists(parent):
-        for path in fs.ls(parent, detail=False):
-            if path.rstrip("/").rsplit("/", 1)[-1] != run:
-                fs.rm(path, recursive=True)
-    return dirs.local_dir(uri), uri
-
-
-def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict:
+def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) -> StageOutput:
     """One GRPO-RoC stage, resumable: an interrupted run continues from its last checkpoint
     (in the stage's working directory, or the one last pushed to remote storage)."""
     from rstar.data.io import read_table
@@ -264,9 +160,11 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
     from rstar.train.rl import RLTrainer
 
     cfg = next(s for s in recipe.rl if s.name == stage)
-    work, remote_work = _work_dir(recipe, layout, stage, inputs)
+    work, remote_work = cache.work_dir(recipe, stage, inputs)
     if recipe.engine == "verl":
-        return _rl_verl(recipe, layout, inputs, log, cfg, work)
+        merged = verl_stages.rl(recipe, inputs, log, cfg, work)
+        return model_output(publish(layout.model(stage), lambda tmp: shutil.copytree(merged, tmp),
+                                    recipe.prompt_style), stage, {})
     ckpt_uri = f"{remote_work}/checkpoint"
     if is_remote(layout.root):
         # For a remote root the local directory is scratch: resume only from what storage
@@ -279,11 +177,10 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
         fs, path = filesystem(layout.trajectories(stage))
         if fs.exists(path):
             fs.rm(path, recursive=True)
-    init = dirs.pull(inputs["model"])
-    cfg = replace(cfg, init_from=init, prompt_style=recipe.prompt_style)
-    rows = read_table(inputs["problems"], ("problems", "hard_problems")).to_pylist()
-    log.dataset(inputs["problems"], "rl_problems", inputs.get("problems_digest"), context="training")
-    model, tok = _load(inputs["model"])
+    cfg = replace(cfg, init_from=dirs.pull(inputs.model.uri), prompt_style=recipe.prompt_style)
+    rows = read_table(inputs.problems.uri, ("problems", "hard_problems")).to_pylist()
+    log.dataset(inputs.problems.uri, "rl_problems", inputs.problems.digest, context="training")
+    model, tok = load(inputs.model.uri)
 
     clock = StepClock(cfg.steps, stage)
 
@@ -311,86 +208,18 @@ def rl(recipe: Recipe, layout: Layout, inputs: dict, log, *, stage: str) -> dict
     last = history[-1] if history else {}
     # The stage's model is its last checkpoint, trainer state included, so the next stage can
     # carry the AdamW moments over (unless it resets them).
-    final = _publish(layout.model(stage), lambda tmp: shutil.copytree(os.path.join(work, "checkpoint"), tmp),
-                     recipe.prompt_style)
+    final = publish(layout.model(stage), lambda tmp: shutil.copytree(os.path.join(work, "checkpoint"), tmp),
+                    recipe.prompt_style)
     # training accuracy at the start and the end of the stage, so its summary shows whether it rose
     ends = {f"accuracy_{name}_{len(part)}_steps": sum(h["accuracy"] for h in part) / len(part)
             for name, part in (("first", history[:5]), ("last", history[-5:])) if part}
-    return {**_model_output(final, stage,
-                            {**ends, **{k: last.get(k) for k in ("accuracy", "tool_error_rate", "tool_error_rate_positive",
-                                                                 "tool_error_rate_positive_kept", "response_len_mean")}}),
-            "trajectories": layout.trajectories(stage), "steps": len(history)}
+    headline = ("accuracy", "tool_error_rate", "tool_error_rate_positive", "tool_error_rate_positive_kept",
+                "response_len_mean")
+    return model_output(final, stage, {**ends, **{k: last.get(k) for k in headline}},
+                        trajectories=layout.trajectories(stage), steps=len(history))
 
 
-def _rl_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str) -> dict:
-    """The cluster path: verl's trainer on the Ray cluster (FSDP actor, vLLM rollouts, this
-    project's agent loop, tool, reward and RoC), then its last FSDP checkpoint merged into a
-    Hugging Face directory by verl's model merger. verl resumes from its own checkpoints after a
-    retry. With `resources.gpus: 0` the same trainer runs on this machine's CPU (one training
-    process, the HF engine as rollout; rstar.train.verl_cpu)."""
-    import contextlib
-
-    from rstar.sandbox.client import check_health
-    from rstar.sandbox.process import SandboxProcess
-
-    device = "gpu" if recipe.resources.gpus else "cpu"
-    with contextlib.ExitStack() as stack:
-        # on the CPU without a sandbox service named, one of its own for this stage (loopback only)
-        sandbox_url = recipe.sandbox_url or stack.enter_context(SandboxProcess()).url
-        # a sandbox that does not answer would turn every tool call into an error and train on that
-        check_health(sandbox_url)
-        return _run_verl(recipe, layout, inputs, log, cfg, work, device, sandbox_url)
-
-
-def _run_verl(recipe: Recipe, layout: Layout, inputs: dict, log, cfg, work: str, device: str, sandbox_url: str) -> dict:
-    from rstar.train.verl_launcher import build_verl_run
-
-    held_out = layout.dataset("eval_problems")
-    fs, path = filesystem(held_out)
-    model = dirs.pull(inputs["model"])
-    # the previous verl stage's optimizer state, which this one carries over unless it resets
-    pointer = os.path.join(model, VERL_CHECKPOINT)
-    optimizer_from = open(pointer).read().strip() if os.path.exists(pointer) else None
-    cmd = build_verl_run(replace(cfg, prompt_style=recipe.prompt_style), model=model,
-                         problems=inputs["problems"], sandbox_url=sandbox_url, out_dir=work,
-                         n_gpus=int(recipe.resources.gpus) or 1, nodes=recipe.resources.nodes,
-                         val_problems=held_out if fs.exists(path) else None, experiment=recipe.tracking.experiment,
-                         optimizer_from=optimizer_from, device=device)
-    actor = os.path.join(work, f"global_step_{cfg.steps}", "actor")
-    merged = _run_verl_job(cmd, cfg.name, log, work, device, int(recipe.resources.cpus), lambda: actor)
-    with open(os.path.join(merged, VERL_CHECKPOINT), "w") as f:
-        f.write(actor)
-    final = _publish(layout.model(cfg.name), lambda tmp: shutil.copytree(merged, tmp), recipe.prompt_style)
-    return _model_output(final, cfg.name, {})
-
-
-def _run_verl_job(cmd: list[str], stage: str, log, work: str, device: str, threads: int, checkpoint) -> str:
-    """Run a verl command for `stage` in its work directory (`threads`: torch threads per process
-    on the CPU), then merge the FSDP checkpoint `checkpoint()` names into `work/hf` with verl's
-    model merger; return that directory."""
-    import subprocess
-
-    from rstar.train.verl_launcher import merge_command, verl_env
-
-    log.tag("rstar.verl_command", " ".join(cmd)[:5000])
-    # verl's MLflow logger writes into this stage's run, beside the pipeline's own metrics
-    run_id = getattr(log, "run_id", None)
-    mlflow_env = {"MLFLOW_TRACKING_URI": log.tracking_uri, "MLFLOW_RUN_ID": run_id} if run_id else {}
-    print(f"[{stage}] verl ({device}): {' '.join(cmd[:3])} ...", flush=True)
-    env = {**os.environ, **verl_env(device, threads), **mlflow_env}
-    if device == "cpu":
-        env.pop("RAY_ADDRESS", None)  # verl on the CPU starts a Ray of its own, with its training slots
-    else:  # verl joins the Ray this stage runs on (the cluster), where its GPUs are
-        import ray
-
-        if ray.is_initialized():
-            env.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
-    subprocess.run(cmd, check=True, env=env, cwd=work)  # Hydra's outputs/ land in the work directory
-    merged = os.path.join(work, "hf")
-    subprocess.run(merge_command(checkpoint(), merged), check=True, env=env)
-    return merged
-
-
+# -- sampling: mining and evaluation -----------------------------------------------------------
 def serving(recipe: Recipe) -> dict:
     """How a sampling stage (mining, evaluation) serves its model: in this process for the
     embedded recipe; with `engine: verl`, as engine replicas behind the balanced scheduler
@@ -405,11 +234,11 @@ def serving(recipe: Recipe) -> dict:
 
 
 def _rollout_clock(label: str, rollouts: int) -> StepClock:
-    """Progress of a sampling stage, counted in rollouts (printed at each quarter when piped)."""
+    """Progress of a sampling stage, counted in rollouts (logged at each quarter when piped)."""
     return StepClock(rollouts, label, every=max(1, rollouts // 4), unit="rollouts")
 
 
-def mine(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
+def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput:
     """Problems the given policy does not solve k/k: the training set of the last stage."""
     from rstar.agent.loop import LoopConfig
     from rstar.data.io import read_table, write_json, write_table
@@ -418,43 +247,43 @@ def mine(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     from rstar.rollout.runner import rollout
 
     spec = recipe.mine
-    rows = read_table(inputs["problems"], "problems").to_pylist()[: spec.problems]
+    rows = read_table(inputs.problems.uri, "problems").to_pylist()[: spec.problems]
     loop_cfg = LoopConfig(max_turns=spec.max_turns, max_response_tokens=spec.max_response_tokens,
                           temperature=spec.temperature, prompt_style=recipe.prompt_style)
 
     clock = _rollout_clock("mine", len(rows) * spec.k)
 
     async def main():
-        async with open_agent_loop(dirs.pull(inputs["model"]), loop_cfg, **serving(recipe)) as loop:
+        async with open_agent_loop(dirs.pull(inputs.model.uri), loop_cfg, **serving(recipe)) as loop:
             return await rollout(loop, rows, spec.k, stage="mine", progress=clock.advance)
 
     hard, report = mine_hard(rows, asyncio.run(main()), k=spec.k)
     path = write_table(hard, layout.dataset("hard_problems"), "hard_problems")
     write_json(report.to_dict(), layout.reports("mining.json"))
-    hard_digest = digest(path)
-    log.dataset(path, "hard_problems", hard_digest, context="output")
-    return {"problems": path, "problems_digest": hard_digest, "metrics": report.to_dict()}
+    made = Stored(path, digest(path))
+    log.dataset(path, "hard_problems", made.digest, context="output")
+    return StageOutput("mine", report.to_dict(), datasets={"hard_problems": made})
 
 
-def evaluate(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
-    """Every model in `inputs["models"]` ({name: uri}) on the held-out problems, side by side."""
+def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput:
+    """Every model in `inputs.models` on the held-out problems, side by side."""
     from rstar.data.io import read_table, write_json, write_table
     from rstar.eval.report import write_report
     from rstar.eval.run import evaluate_model, markdown_table
     from rstar.pipeline.verdict import verdict
 
-    problems_ = read_table(inputs["problems"], "problems").to_pylist()
-    out_dir = layout.reports(inputs.get("report_name", "eval"))
+    problems_ = read_table(inputs.problems.uri, "problems").to_pylist()
+    out_dir = layout.reports(inputs.report_name)
     # what lineage shows of this evaluation: its label and held-out set (its settings are the run's params)
-    log.tag(EVAL_LABEL, inputs.get("report_name", "eval"))
-    log.dataset(inputs["problems"], "eval_problems", inputs.get("problems_digest") or digest(inputs["problems"]),
+    log.tag(EVAL_LABEL, inputs.report_name)
+    log.dataset(inputs.problems.uri, "eval_problems", inputs.problems.digest or digest(inputs.problems.uri),
                 context="evaluation")
     summaries = {}
-    for name, uri in inputs["models"].items():
-        path, expected = dirs.pull(uri), inputs.get("digests", {}).get(name)
-        if expected and (found := digest(path)) != expected:  # e.g. a registered version's files, changed since
-            raise NotRetryable(f"{name}: the files at {uri} have digest {found}, not the {expected} they were "
-                               "registered with")
+    for name, model in inputs.models.items():
+        path = dirs.pull(model.uri)
+        if model.digest and (found := digest(path)) != model.digest:  # e.g. a registered version's files, changed
+            raise NotRetryable(f"{name}: the files at {model.uri} have digest {found}, not the {model.digest} "
+                               "they were registered with")
         clock = _rollout_clock(f"eval/{name}", len(problems_) * recipe.eval.k)
         records, summaries[name] = evaluate_model(path, problems_, recipe.eval, prompt_style=recipe.prompt_style,
                                                   name=name, progress=clock.advance, **serving(recipe))
@@ -462,49 +291,24 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: dict, log) -> dict:
     write_json(summaries, f"{out_dir}/summary.json")
     # The recipe's verdict when these are its checkpoints (SFT, then RL stages), not a re-evaluation's pick
     recipe_order = ["sft"] + [r.name for r in recipe.rl]
-    learnt, lines = verdict(summaries, recipe.expect, inputs.get("copying")) \
+    learnt, lines = verdict(summaries, recipe.expect, inputs.copying) \
         if list(summaries) == recipe_order else (None, [])
-    paths = write_report(summaries, recipe.eval.k, out_dir)
-    for p in paths:
+    for p in write_report(summaries, recipe.eval.k, out_dir):
         log.artifact(p)
     flat = {f"{name}/{bench}/{key}": value for name, s in summaries.items() for bench, m in s.items()
             for key, value in m.items() if isinstance(value, (int, float))}
     log.metrics(0, flat, prefix="eval/")
     if learnt is not None:
         log.tag("rstar.learnt", str(learnt).lower())
-    return {"report": out_dir, "summaries": summaries, "table": markdown_table(summaries, recipe.eval.k),
-            "learnt": learnt, "verdict": lines, "metrics": {k: v for k, v in flat.items() if k.endswith("avg_pass@1")}}
-
-
-def _marker(recipe: Recipe, stage: str, inputs: dict) -> str:
-    name = f"{stage}-{inputs['report_name']}" if "report_name" in inputs else stage
-    return f"{Layout(recipe.storage_root).root}/cache/{name}.key"
-
-
-def outputs_exist(recipe: Recipe, stage: str, inputs: dict) -> bool:
-    """Whether a stage's outputs are still in storage, as this recipe and these inputs made
-    them (a cached result is only reused if so). A run with another recipe at the same root
-    overwrites the outputs and the marker naming what made them, so its result never passes
-    for this one's."""
-    layout = Layout(recipe.storage_root)
-    paths = {"problems": [layout.dataset("train_problems"), layout.dataset("eval_problems")],
-             "mine": [layout.dataset("hard_problems")],
-             "evaluate": [f"{layout.reports(inputs.get('report_name', 'eval'))}/summary.json"]}.get(stage)
-    if paths is None:  # a model stage
-        paths = [f"{layout.model(stage)}/{dirs.POINTER}" if is_remote(layout.root) else
-                 os.path.join(layout.model(stage), "config.json")]
-    fs, _ = filesystem(paths[0])
-    if not all(fs.exists(filesystem(p)[1]) for p in paths):
-        return False
-    fs, marker = filesystem(_marker(recipe, stage, inputs))
-    return fs.exists(marker) and fs.cat_file(marker).decode() == recipe.cache_key(stage, inputs)
+    return StageOutput("evaluate", {k: v for k, v in flat.items() if k.endswith("avg_pass@1")}, report=out_dir,
+                       evaluation=Evaluation(summaries, markdown_table(summaries, recipe.eval.k), learnt, lines))
 
 
 STAGES = {"base": base, "problems": problems, "sft": sft, "mine": mine, "evaluate": evaluate}
 
 
-def run(stage: str, recipe: Recipe, inputs: dict, log) -> dict:
-    """Run one stage by name (RL stages by their recipe names)."""
+def run(stage: str, recipe: Recipe, inputs: StageInputs, log) -> StageOutput:
+    """Run one stage by name (RL stages by their recipe names) and mark its outputs done."""
     layout = Layout(recipe.storage_root)
     if stage in STAGES:
         out = STAGES[stage](recipe, layout, inputs, log)
@@ -512,18 +316,5 @@ def run(stage: str, recipe: Recipe, inputs: dict, log) -> dict:
         out = rl(recipe, layout, inputs, log, stage=stage)
     else:
         raise ValueError(f"unknown stage {stage!r}")
-    atomic_write_text(_marker(recipe, stage, inputs), recipe.cache_key(stage, inputs))
+    cache.mark_done(recipe, stage, inputs)
     return out
-
-
-def summary_markdown(stage: str, out: dict, links: dict) -> str:
-    """The per-stage Prefect artifact: key metrics and where to look."""
-    lines = [f"# {stage}", "", "| metric | value |", "|---|---|"]
-    lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
-              for k, v in (out.get("metrics") or {}).items()]
-    lines += ["", *(f"- {k}: `{v}`" for k, v in links.items())]
-    if "table" in out:
-        lines += ["", out["table"]]
-    if out.get("verdict"):
-        lines += ["", "## Did it learn?", "", *(f"- {line}" for line in out["verdict"])]
-    return "\n".join(lines) + "\n"

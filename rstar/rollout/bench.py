@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rstar.benchreport import write_section
-from rstar.pipeline.launch import ensure_ray
+from rstar.cluster import ensure_ray
 from rstar.rollout.simulate import ReplicaModel, Workload, lower_bound, simulate
 
 GEN_CHUNK = 256  # tokens a balanced request reserves beyond its context; a turn continues in further chunks

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from rstar.agent.loop import Generation
+from rstar.agent.loop import Generation, rollout_of
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +71,6 @@ def plan_dispatch(free: list[int], alive: list[bool], resumed: list[tuple[int, i
             break
         new.append(i)
     return placed, new
-
-
-def rollout_of(request_id: str) -> str:
-    """Requests of one rollout share the id before the last '/' (the agent loop adds /turn)."""
-    return request_id.rsplit("/", 1)[0]
 
 
 @dataclass

@@ -11,6 +11,7 @@ import os
 import re
 import tempfile
 import time
+from contextlib import contextmanager
 
 from rstar.errors import NotRetryable
 
@@ -153,6 +154,18 @@ def reopen_run(tracking_uri: str, run_id: str, *, parent: str, tags: dict) -> bo
 
 def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(tracking_uri).set_terminated(run_id, status)
+
+
+@contextmanager
+def closing(tracking_uri: str, run_id: str):
+    """The body's work under the run `run_id`: it ends FINISHED when the body returns and
+    FAILED when it raises anything (an interrupt too), so no run is left RUNNING by an error."""
+    try:
+        yield run_id
+    except BaseException:
+        end_run(tracking_uri, run_id, "FAILED")
+        raise
+    end_run(tracking_uri, run_id)
 
 
 def set_tags(tracking_uri: str, run_id: str, tags: dict) -> None:

@@ -124,16 +124,18 @@ def test_a_model_whose_files_changed_since_registration_is_refused(tiny_dir, tmp
     from rstar.errors import NotRetryable
     from rstar.pipeline import stages
     from rstar.pipeline.config import load_recipe
+    from rstar.pipeline.layout import Layout
+    from rstar.pipeline.records import ModelRef, StageInputs, Stored
     from rstar.tracking.digest import digest
     from rstar.tracking.mlflow_log import NullLog
 
     recipe = load_recipe("configs/tiny.yaml", {"storage_root": str(tmp_path / "root"), "eval.k": 1,
                                                "eval.max_response_tokens": 8})
     held_out = write_table(synth.generate(1, seed=8, levels=(1,)), str(tmp_path / "held.parquet"), "problems")
-    inputs = {"models": {"rl1": tiny_dir}, "problems": held_out, "digests": {"rl1": "0123456789abcdef"}}
+    inputs = StageInputs(models={"rl1": ModelRef(tiny_dir, "0123456789abcdef")}, problems=Stored(held_out))
     with pytest.raises(NotRetryable, match=f"rl1: the files at {tiny_dir} have digest {digest(tiny_dir)}, "
                                            "not the 0123456789abcdef they were registered with"):
-        stages.evaluate(recipe, stages.Layout(recipe.storage_root), inputs, NullLog())
-    out = stages.evaluate(recipe, stages.Layout(recipe.storage_root), {**inputs, "digests": {"rl1": digest(tiny_dir)}},
-                          NullLog())
-    assert list(out["summaries"]) == ["rl1"]
+        stages.evaluate(recipe, Layout(recipe.storage_root), inputs, NullLog())
+    registered = StageInputs(models={"rl1": ModelRef(tiny_dir, digest(tiny_dir))}, problems=Stored(held_out))
+    out = stages.evaluate(recipe, Layout(recipe.storage_root), registered, NullLog())
+    assert list(out.evaluation.summaries) == ["rl1"]

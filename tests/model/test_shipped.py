@@ -8,7 +8,9 @@ import pytest
 
 from rstar.model.shipped import MANIFEST, ShippedBaseError, check_shipped, pretrain_base, write_shipped
 from rstar.pipeline.config import load_recipe
-from rstar.pipeline.stages import Layout, base
+from rstar.pipeline.layout import Layout
+from rstar.pipeline.records import StageInputs
+from rstar.pipeline.stages import base
 from rstar.tracking.digest import digest
 from rstar.tracking.mlflow_log import NullLog
 
@@ -57,11 +59,11 @@ def test_a_base_built_from_another_recipe_is_refused(small_shipped):
 def test_the_base_stage_publishes_the_shipped_base_unchanged(small_shipped, tmp_path):
     recipe, out = small_shipped
     recipe = recipe.model_copy(update={"storage_root": str(tmp_path / "root")})
-    result = base(recipe, Layout(recipe.storage_root), {}, NullLog())
+    result = base(recipe, Layout(recipe.storage_root), StageInputs(), NullLog())
     with open(os.path.join(out, MANIFEST)) as f:
-        assert result["model_digest"] == json.load(f)["digest"]
-    assert not os.path.exists(os.path.join(result["model"], MANIFEST))
-    assert 0 <= result["metrics"]["copy_repeat"] <= 1
+        assert result.model.digest == json.load(f)["digest"]
+    assert not os.path.exists(os.path.join(result.model.uri, MANIFEST))
+    assert 0 <= result.metrics["copy_repeat"] <= 1
 
 
 def test_the_shipped_base_in_the_repository_matches_the_embedded_recipe():

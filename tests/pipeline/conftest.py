@@ -7,7 +7,9 @@ import os
 import pytest
 import yaml
 
-import flows  # noqa: F401 - sets the Prefect/Ray environment defaults before Prefect loads
+from rstar.environment import apply_defaults
+
+apply_defaults()  # the Prefect/Ray environment defaults, before Prefect loads, as every entry point sets them
 
 SMALL = {
     "base.shipped": None,  # the shipped base is of tiny.yaml's size: pretrain a small one

@@ -12,6 +12,8 @@ def test_a_base_from_a_path_is_copied_not_loaded(tiny_dir, tmp_path, monkeypatch
     from rstar.agent.format import CHAT_TEMPLATE
     from rstar.pipeline import stages
     from rstar.pipeline.config import load_recipe
+    from rstar.pipeline.layout import Layout
+    from rstar.pipeline.records import StageInputs
 
     def refuse(*args, **kwargs):
         raise AssertionError("the base stage loaded the model's weights")
@@ -24,10 +26,10 @@ def test_a_base_from_a_path_is_copied_not_loaded(tiny_dir, tmp_path, monkeypatch
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
     recipe = load_recipe("configs/tiny.yaml", {"base.build_tiny": False, "base.shipped": None, "base.path": source,
                                                "storage_root": str(tmp_path / "root")})
-    out = stages.base(recipe, stages.Layout(recipe.storage_root), {}, None)
-    model = out["model"]
+    out = stages.base(recipe, Layout(recipe.storage_root), StageInputs(), None)
+    model = out.model.uri
     weights = [f for f in os.listdir(source) if f.endswith(".safetensors")]
     assert weights and all(filecmp.cmp(os.path.join(source, f), os.path.join(model, f), shallow=False)
                            for f in weights)
     assert AutoTokenizer.from_pretrained(model).chat_template == CHAT_TEMPLATE
-    assert out["model_digest"]
+    assert out.model.digest

@@ -2,6 +2,7 @@
 import pytest
 
 from rstar.pipeline.config import ConfigError, load_recipe
+from rstar.pipeline.records import ModelRef, StageInputs
 
 TINY = "configs/tiny.yaml"
 
@@ -44,21 +45,21 @@ def test_missing_or_broken_recipe_file(tmp_path):
 def test_cache_keys_change_only_for_the_stages_a_change_touches():
     base = load_recipe(TINY)
     changed = load_recipe(TINY, {"eval.k": 8, "rl.2.steps": 3})
-    inputs = {"model": "m", "model_digest": "abc"}
+    inputs = StageInputs(model=ModelRef("m", "abc"))
     for stage in ("base", "problems", "sft", "rl1", "rl2", "mine"):
         assert base.cache_key(stage, inputs) == changed.cache_key(stage, inputs)
     for stage in ("rl3", "evaluate"):
         assert base.cache_key(stage, inputs) != changed.cache_key(stage, inputs)
-    assert base.cache_key("sft", inputs) != base.cache_key("sft", {**inputs, "model_digest": "def"})
+    assert base.cache_key("sft", inputs) != base.cache_key("sft", StageInputs(model=ModelRef("m", "def")))
 
 
 def test_a_new_code_version_changes_every_cache_key(monkeypatch):
     import rstar
 
     recipe = load_recipe(TINY)
-    before = {stage: recipe.cache_key(stage, {}) for stage in ("base", "sft", "rl1", "evaluate")}
+    before = {stage: recipe.cache_key(stage, StageInputs()) for stage in ("base", "sft", "rl1", "evaluate")}
     monkeypatch.setattr(rstar, "__version__", rstar.__version__ + ".post1")
-    assert all(recipe.cache_key(stage, {}) != key for stage, key in before.items())
+    assert all(recipe.cache_key(stage, StageInputs()) != key for stage, key in before.items())
 
 
 def test_the_paper_recipe_validates_and_its_inputs_are_checked(s3):
@@ -79,22 +80,22 @@ def test_an_rl_stage_never_resumes_another_recipes_checkpoint(where, tmp_path, r
     """Each recipe + inputs gets its own working directory: a retry finds its checkpoint, a
     run of a changed recipe at the same root starts clean (and the stale directory goes, from
     remote storage too)."""
-    from rstar.pipeline.stages import Layout, _work_dir
+    from rstar.pipeline.cache import work_dir
     from rstar.storage import filesystem
 
     root = str(tmp_path) if where == "local" else request.getfixturevalue("s3") + "/workdirs"
-    inputs = {"model": "m", "model_digest": "abc"}
+    inputs = StageInputs(model=ModelRef("m", "abc"))
     first = load_recipe("configs/tiny.yaml", {"storage_root": root})
     changed = load_recipe("configs/tiny.yaml", {"storage_root": root, "rl.0.lr": 1e-4})
-    work, remote = _work_dir(first, Layout(root), "rl1", inputs)
+    work, remote = work_dir(first, "rl1", inputs)
     fs, path = filesystem(f"{remote}/checkpoint/trainer_state.pt")
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     fs.pipe_file(path, b"state")
-    assert _work_dir(first, Layout(root), "rl1", inputs) == (work, remote)  # the retry resumes here
+    assert work_dir(first, "rl1", inputs) == (work, remote)  # the retry resumes here
     assert fs.exists(path)
-    other = _work_dir(changed, Layout(root), "rl1", inputs)[1]
+    other = work_dir(changed, "rl1", inputs)[1]
     assert other != remote and not fs.exists(path)
-    assert _work_dir(first, Layout(root), "rl1", {**inputs, "model_digest": "def"})[1] != remote
+    assert work_dir(first, "rl1", StageInputs(model=ModelRef("m", "def")))[1] != remote
 
 
 def test_a_truncated_input_file_fails_the_recipe_check_naming_it(tmp_path):
@@ -140,7 +141,7 @@ def test_an_unknown_key_suggests_the_key_it_resembles():
 def test_switching_the_engine_changes_the_cache_key_of_every_stage_it_runs():
     local = load_recipe("configs/tiny-verl.yaml", {"engine": "local"})
     verl = load_recipe("configs/tiny-verl.yaml")
-    inputs = {"model": "m", "model_digest": "d"}
+    inputs = StageInputs(model=ModelRef("m", "d"))
     for stage in ("base", "problems"):  # made the same way by either
         assert local.cache_key(stage, inputs) == verl.cache_key(stage, inputs)
     for stage in ("sft", "rl1", "mine", "evaluate"):  # verl's SFT trainer is not the local one

@@ -73,7 +73,7 @@ def test_an_s3_root_takes_a_lease_refuses_a_second_run_and_breaks_an_expired_one
 def test_the_cli_refuses_a_pipeline_on_a_root_another_run_holds(tmp_path):
     from typer.testing import CliRunner
 
-    from rstar.cli import app
+    from flows.cli import app
     from tests.pipeline.conftest import write_recipe
 
     root = str(tmp_path / "root")
@@ -88,7 +88,7 @@ def test_the_cli_refuses_a_pipeline_on_a_root_another_run_holds(tmp_path):
 def test_a_recipe_error_is_one_line_before_prefect_starts(tmp_path):
     from typer.testing import CliRunner
 
-    from rstar.cli import app
+    from flows.cli import app
 
     result = CliRunner().invoke(app, ["pipeline", "run", "--config", "configs/tiny.yaml", "--set", "rl.2.stepz=3"])
     assert result.exit_code == 1 and "Traceback" not in result.output
@@ -101,7 +101,7 @@ def test_a_recipe_is_checked_without_loading_torch_verl_prefect_or_ray():
     import subprocess
     import sys
 
-    probe = ("import sys\nfrom rstar.cli import app\n"
+    probe = ("import sys\nfrom flows.cli import app\n"
              "print('exit', app(['pipeline', 'run', '--set', 'rl.2.stepz=3'], standalone_mode=False))\n"
              "print(sorted(m for m in ('torch', 'verl', 'prefect', 'ray', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
@@ -129,7 +129,7 @@ def test_a_dead_tracking_server_is_one_line_in_seconds(tmp_path):
     """MLflow's client retried for 4.5 minutes before it said the server was down."""
     from typer.testing import CliRunner
 
-    from rstar.cli import app
+    from flows.cli import app
     from rstar.sandbox.process import free_port
     from tests.pipeline.conftest import write_recipe
 

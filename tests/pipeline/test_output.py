@@ -4,7 +4,9 @@ import subprocess
 import sys
 
 PROBE = """
-import flows  # the project's defaults, as every entry point sets them
+from rstar.environment import apply_defaults
+
+apply_defaults()  # the project's defaults, as every entry point sets them
 import ray
 from prefect import flow
 

@@ -17,7 +17,7 @@ from rstar.tracking.digest import digest
 from rstar.storage import filesystem
 from rstar.tracking import mlflow_log as ml
 from rstar.tracking.lineage import lineage
-from tasks.stage import artifact_key
+from tasks.summary import artifact_key
 from tests.pipeline.conftest import write_recipe
 
 STAGES = ["base", "problems", "sft", "rl1", "rl2", "mine", "rl3", "evaluate"]
@@ -104,11 +104,11 @@ def _check_trajectories(recipe, outs):
     """Every RL step's rollouts are readable Parquet with the documented schema, each
     rollout exactly once."""
     for s in recipe.rl:
-        fs, root = filesystem(outs[s.name]["trajectories"])
+        fs, root = filesystem(outs[s.name].trajectories)
         files = sorted(fs.ls(root))
         assert [f.rsplit("/", 1)[-1] for f in files] == [f"step={i:05d}.parquet" for i in range(1, s.steps + 1)]
         for f in files:
-            uri = f"s3://{f}" if outs[s.name]["trajectories"].startswith("s3://") else f
+            uri = f"s3://{f}" if outs[s.name].trajectories.startswith("s3://") else f
             table = read_table(uri, "trajectories")
             assert table.schema.names == schema("trajectories").names
             rows = table.to_pylist()
@@ -140,43 +140,43 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     assert "curves/rl1_curves.png" in [a.path for a in c.list_artifacts(children["rl1"].info.run_id, "curves")]
     assert set(children["base"].data.metrics) >= {"copy_repeat"}                         # copying probes
     assert set(children["sft"].data.metrics) >= {"copy_repeat", "copy_into_call", "copy_read_back"}
-    assert 0 <= outs["sft"]["metrics"]["copy_read_back"] <= 1
+    assert 0 <= outs["sft"].metrics["copy_read_back"] <= 1
     problems_inputs = {d.dataset.name: d.dataset.digest for d in children["problems"].inputs.dataset_inputs}
-    assert problems_inputs["train_problems"] == outs["problems"]["train_digest"] != "-"
+    assert problems_inputs["train_problems"] == outs["problems"].datasets["train"].digest != "-"
 
     from rstar.agent.format import saved_style
 
-    assert {saved_style(outs[s]["model"]) for s in ("sft", "rl1", "rl2", "rl3")} == {recipe.prompt_style}
-    lin = lineage(recipe.tracking.tracking_uri, outs["rl3"]["model_version"])
+    assert {saved_style(outs[s].model.uri) for s in ("sft", "rl1", "rl2", "rl3")} == {recipe.prompt_style}
+    lin = lineage(recipe.tracking.tracking_uri, outs["rl3"].model.version)
     # each version points at its own copy under registry/, which later runs on the root never overwrite
-    root = os.path.dirname(os.path.dirname(outs["rl3"]["model"]))
+    root = os.path.dirname(os.path.dirname(outs["rl3"].model.uri))
     for link in lin.chain:
         assert link.source == os.path.join(root, "registry", f"{link.stage}-{link.digest}")
-        assert digest(link.source) == outs[link.stage]["model_digest"] == link.digest
+        assert digest(link.source) == outs[link.stage].model.digest == link.digest
     assert [link.stage for link in lin.chain] == ["base", "sft", "rl1", "rl2", "rl3"]
-    assert {d["name"]: d["digest"] for d in lin.data} == {"train_problems": outs["problems"]["train_digest"],
-                                                         "eval_problems": outs["problems"]["eval_digest"]}
-    assert [link.version for link in lin.chain] == [outs[s]["model_version"] for s in ["base", "sft", "rl1", "rl2", "rl3"]]
+    assert {d["name"]: d["digest"] for d in lin.data} == {"train_problems": outs["problems"].datasets["train"].digest,
+                                                         "eval_problems": outs["problems"].datasets["eval"].digest}
+    assert [link.version for link in lin.chain] == [outs[s].model.version for s in ["base", "sft", "rl1", "rl2", "rl3"]]
     rl3_data = {d["name"]: d["digest"] for d in lin.chain[-1].datasets}
-    assert rl3_data["rl_problems"] == outs["mine"]["problems_digest"]   # stage 3 trained on the mined set
+    assert rl3_data["rl_problems"] == outs["mine"].datasets["hard_problems"].digest   # stage 3 trained on the mined set
     assert lin.chain[1].datasets[0]["name"] == "sft_chats"
-    assert [e["run_id"] for e in lin.evaluations] == [outs["evaluate"]["mlflow_run_id"]]
+    assert [e["run_id"] for e in lin.evaluations] == [outs["evaluate"].mlflow_run_id]
     (ev,) = lin.evaluations  # the pipeline's own, with its settings and held-out set
     assert ev["label"] == "eval" and ev["settings"]["k"] == str(recipe.eval.k)
     assert ev["settings"]["temperature"] == str(recipe.eval.temperature)
-    assert ev["data"] == [f"eval_problems digest {outs['problems']['eval_digest']}"]
+    assert ev["data"] == [f"eval_problems digest {outs['problems'].datasets['eval'].digest}"]
     _check_trajectories(recipe, outs)
-    report = outs["evaluate"]["report"]
+    report = outs["evaluate"].report
     assert {"report.md", "report.html", "accuracy.png", "summary.json"} <= set(os.listdir(report))
-    assert list(outs["evaluate"]["summaries"]) == ["sft", "rl1", "rl2", "rl3"]  # SFT and each stage side by side
+    assert list(outs["evaluate"].evaluation.summaries) == ["sft", "rl1", "rl2", "rl3"]  # SFT and each stage side by side
     artifacts = _artifacts(state.state_details.flow_run_id)     # one markdown summary per stage in the UI
     assert set(artifacts) == {artifact_key(recipe.name, s) for s in STAGES}
-    assert outs["rl3"]["model_version"] in artifacts[artifact_key(recipe.name, "rl3")]
+    assert outs["rl3"].model.version in artifacts[artifact_key(recipe.name, "rl3")]
     assert "| rl3 avg@1" in artifacts[artifact_key(recipe.name, "evaluate")]
     # a reduced recipe that cannot learn in 5 steps is told so, with the copy probes beside
-    assert outs["evaluate"]["learnt"] is False
+    assert outs["evaluate"].evaluation.learnt is False
     assert "DID NOT LEARN" in artifacts[artifact_key(recipe.name, "evaluate")]
-    assert any(line.startswith("copy probes") and "sft " in line for line in outs["evaluate"]["verdict"])
+    assert any(line.startswith("copy probes") and "sft " in line for line in outs["evaluate"].evaluation.verdict)
     assert children["evaluate"].data.tags["rstar.learnt"] == "false"
 
 
@@ -185,10 +185,10 @@ def test_the_run_report_holds_what_the_robustness_benchmark_reads(finished_local
     recipe = load_recipe(path)
     report = pipeline_report(recipe, outs)
     assert list(report["accuracy"]) == ["sft", "rl1", "rl2", "rl3"]
-    assert report["accuracy"]["rl3"] == overall_accuracy(outs["evaluate"]["summaries"]["rl3"])
+    assert report["accuracy"]["rl3"] == overall_accuracy(outs["evaluate"].evaluation.summaries["rl3"])
     assert set(report["metrics"]["sft"]) >= {"copy_into_call", "copy_read_back"}
     assert report["recipe_seconds"] == sum(report["seconds"][s] for s in ("sft", "rl1", "rl2", "mine", "rl3")) > 0
-    assert report["learnt"] is False and report["verdict"] == outs["evaluate"]["verdict"]
+    assert report["learnt"] is False and report["verdict"] == outs["evaluate"].evaluation.verdict
 
 
 def test_rerunning_a_finished_pipeline_serves_every_stage_from_cache(finished_local):
@@ -200,8 +200,8 @@ def test_rerunning_a_finished_pipeline_serves_every_stage_from_cache(finished_lo
     states = _task_states(state.state_details.flow_run_id)
     assert set(states) == set(STAGES)
     assert all(s == ["Cached"] for s in states.values()), states
-    assert {k: v.get("model_version") for k, v in state.result().items()} == \
-        {k: v.get("model_version") for k, v in outs.items()}
+    assert {k: v.model and v.model.version for k, v in state.result().items()} == \
+        {k: v.model and v.model.version for k, v in outs.items()}
     # the re-run's MLflow run is not an empty mystery: it says it reused every stage, and whose runs
     from mlflow import MlflowClient
 
@@ -212,7 +212,7 @@ def test_rerunning_a_finished_pipeline_serves_every_stage_from_cache(finished_lo
                              max_results=1)
     assert rerun.info.run_name == f"pipeline:{recipe.name} (all stages cached)"
     assert set(rerun.data.tags["rstar.cached_stages"].split(",")) == set(STAGES)
-    assert rerun.data.tags["rstar.rl3.reused_run"] == outs["rl3"]["mlflow_run_id"]
+    assert rerun.data.tags["rstar.rl3.reused_run"] == outs["rl3"].mlflow_run_id
 
 
 def test_pipeline_on_s3(prefect_api, s3, tmp_path):
@@ -224,14 +224,14 @@ def test_pipeline_on_s3(prefect_api, s3, tmp_path):
     outs = state.result()
     recipe = load_recipe(path)
     for stage in ["base", "sft", "rl1", "rl2", "rl3"]:
-        assert outs[stage]["model"].startswith(f"{s3}/pipeline/models/")
+        assert outs[stage].model.uri.startswith(f"{s3}/pipeline/models/")
     fs, _ = filesystem(s3)
     assert fs.exists("rstar-test/pipeline/models/rl3/latest.json")
     _check_trajectories(recipe, outs)
-    lin = lineage(recipe.tracking.tracking_uri, outs["rl3"]["model_version"])
+    lin = lineage(recipe.tracking.tracking_uri, outs["rl3"].model.version)
     last = lin.chain[-1]  # the version's own copy on S3, readable after models/rl3 is replaced
-    assert last.source == f"{s3}/pipeline/registry/rl3-{outs['rl3']['model_digest']}"
-    assert fs.exists(f"rstar-test/pipeline/registry/rl3-{outs['rl3']['model_digest']}/latest.json")
+    assert last.source == f"{s3}/pipeline/registry/rl3-{outs['rl3'].model.digest}"
+    assert fs.exists(f"rstar-test/pipeline/registry/rl3-{outs['rl3'].model.digest}/latest.json")
 
 
 def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(prefect_api, finished_local, tmp_path):
@@ -277,8 +277,8 @@ def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(prefect_api, 
     _, _, reference = finished_local  # the same recipe, never interrupted
     ref_recipe = load_recipe(finished_local[0])
     for step in range(1, 4):
-        got = read_table(f"{outs['rl1']['trajectories']}/step={step:05d}.parquet", "trajectories").to_pylist()
-        want = read_table(f"{reference['rl1']['trajectories']}/step={step:05d}.parquet", "trajectories").to_pylist()
+        got = read_table(f"{outs['rl1'].trajectories}/step={step:05d}.parquet", "trajectories").to_pylist()
+        want = read_table(f"{reference['rl1'].trajectories}/step={step:05d}.parquet", "trajectories").to_pylist()
         assert [(r["group_id"], r["response_ids"], r["reward"]) for r in got] == \
             [(r["group_id"], r["response_ids"], r["reward"]) for r in want], f"step {step}"
     assert ref_recipe.rl[0] == recipe.rl[0]
@@ -304,13 +304,14 @@ def test_a_pipeline_killed_mid_stage_is_reconciled_and_continued_by_the_next_run
     import subprocess
     import sys
 
-    from rstar.pipeline.stages import Layout
+    from rstar.pipeline.layout import Layout
+    from rstar.pipeline.records import StageOutput
     from rstar.storage.lock import LOCK
 
     path = write_recipe(str(tmp_path), "killed", str(tmp_path / "root"))
     recipe = load_recipe(path)
     second_step = os.path.join(recipe.storage_root, "trajectories", "stage=rl1", "step=00002.parquet")
-    command = [sys.executable, "-m", "rstar.cli", "pipeline", "run", "--config", path]
+    command = [sys.executable, "-m", "flows.cli", "pipeline", "run", "--config", path]
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
     run = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)
@@ -343,7 +344,7 @@ def test_a_pipeline_killed_mid_stage_is_reconciled_and_continued_by_the_next_run
     assert rl1[0].data.tags["mlflow.parentRunId"] in parents and rl1[0].data.tags["mlflow.parentRunId"] != old.info.run_id
     assert sorted({m.step for m in c.get_metric_history(rl1[0].info.run_id, "rl1/accuracy")}) == \
         list(range(1, recipe.rl[0].steps + 1))
-    _check_trajectories(recipe, {s.name: {"trajectories": Layout(recipe.storage_root).trajectories(s.name)}
+    _check_trajectories(recipe, {s.name: StageOutput(s.name, trajectories=Layout(recipe.storage_root).trajectories(s.name))
                                  for s in recipe.rl})
 
 
@@ -359,18 +360,18 @@ def test_a_served_deployment_runs_when_triggered_like_the_ui_run_button(prefect_
     path, _, outs = finished_local
     recipe = load_recipe(path)
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
-    server = subprocess.Popen([sys.executable, "-m", "rstar.cli", "serve", "--config", path, "--name", "test"],
+    server = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--config", path, "--name", "test"],
                               env=env, cwd=os.getcwd(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     try:
         _wait_for_deployment("rstar-reevaluate/test-nightly")
-        flow_run = run_deployment("rstar-reevaluate/test-nightly", parameters={"versions": [outs["rl1"]["model_version"]]},
+        flow_run = run_deployment("rstar-reevaluate/test-nightly", parameters={"versions": [outs["rl1"].model.version]},
                                   timeout=600)
         assert flow_run.state.is_completed(), flow_run.state
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
-    evals = lineage(recipe.tracking.tracking_uri, outs["rl1"]["model_version"]).evaluations
+    evals = lineage(recipe.tracking.tracking_uri, outs["rl1"].model.version).evaluations
     assert len(evals) == 2  # the pipeline's evaluation and the re-evaluation, both attached to rl1's version
     assert evals[0]["label"] == "eval" and evals[1]["label"].startswith("reeval-")  # oldest first, told apart
     assert evals[0]["data"] == evals[1]["data"] and evals[0]["settings"] == evals[1]["settings"]
@@ -384,14 +385,14 @@ def test_lineage_command_prints_the_chain(finished_local):
     from rstar.cli import app
 
     path, _, outs = finished_local
-    result = CliRunner().invoke(app, ["lineage", outs["rl3"]["model_version"], "--config", path])
+    result = CliRunner().invoke(app, ["lineage", outs["rl3"].model.version, "--config", path])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     stages = [line.split()[1] if line.startswith("->") else line.split()[0] for line in lines
               if line.strip() and not line.startswith("       ")]
     assert stages[:7] == ["data", "data", "base", "sft", "rl1", "rl2", "rl3"]  # from the problems to the model
-    assert "-> evaluation eval " in result.output and outs["mine"]["problems_digest"] in result.output
-    assert f"on eval_problems digest {outs['problems']['eval_digest']}" in result.output
+    assert "-> evaluation eval " in result.output and outs["mine"].datasets["hard_problems"].digest in result.output
+    assert f"on eval_problems digest {outs['problems'].datasets['eval'].digest}" in result.output
     assert "settings k=1 " in result.output
 
 

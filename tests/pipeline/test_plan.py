@@ -8,10 +8,10 @@ from typer.testing import CliRunner
 
 pytest.importorskip("verl")
 
-from rstar.cli import app  # noqa: E402
+from flows.cli import app  # noqa: E402
 from rstar.pipeline.config import load_recipe  # noqa: E402
 from rstar.pipeline.plan import check_verl, check_verl_sft, stage_names  # noqa: E402
-from rstar.pipeline.stages import Layout  # noqa: E402
+from rstar.pipeline.layout import Layout  # noqa: E402
 from rstar.storage import dirs  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """Progress: the time left is the rate of the steps seen so far times the steps to go; piped
-output gets plain lines, a terminal gets bars fed by the stage's Ray worker."""
+output gets plain log lines, a terminal gets bars fed by the stage's Ray worker."""
 from rstar.pipeline import progress
 
 
@@ -17,18 +17,18 @@ def test_time_left_counts_from_the_first_step_seen(monkeypatch):
     assert resumed.where(200).endswith(", 2s")  # nothing left to estimate at the last step
 
 
-def test_piped_ticks_are_printed_every_few_steps_and_at_the_last(capsys):
+def test_piped_ticks_are_logged_every_few_steps_and_at_the_last(log_lines, capsys):
     clock = progress.StepClock(120, "pretrain", every=50)
     for step in range(1, 121):
         clock.tick(step, f"loss {1 / step:.3f}")
-    lines = capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().err.splitlines()
     assert [line.split(":")[0] for line in lines] == ["[pretrain] step 50/120, 0s, ~0s left",
                                                       "[pretrain] step 100/120, 0s, ~0s left",
                                                       "[pretrain] step 120/120, 0s"]
     assert lines[-1].endswith("loss 0.008")
 
 
-def test_ticks_for_a_terminal_go_to_the_driver_not_to_stdout(monkeypatch, capsys):
+def test_ticks_for_a_terminal_go_to_the_driver_not_to_the_log(log_lines, monkeypatch, capsys):
     now = [0.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
     sent = []
@@ -40,12 +40,12 @@ def test_ticks_for_a_terminal_go_to_the_driver_not_to_stdout(monkeypatch, capsys
         rollouts = progress.StepClock(6, "eval/sft", unit="rollouts")
         for _ in range(6):
             rollouts.advance()
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr() == ("", "")
     steps = [s for label, s, total, _ in sent if label == "rl1"]
     assert 8 <= len(steps) <= 11 and steps[-1] == 40  # throttled, and the last always sent
     assert sent[-1][:3] == ("eval/sft", 6, 6)
-    progress.StepClock(1, "after").tick(1)  # outside `connected`, printed again
-    assert capsys.readouterr().out.startswith("[after] step 1/1")
+    progress.StepClock(1, "after").tick(1)  # outside `connected`, logged again
+    assert capsys.readouterr().err.startswith("[after] step 1/1")
 
 
 def test_bars_keep_one_task_per_label():
@@ -63,6 +63,7 @@ def test_a_stage_in_a_ray_worker_sends_its_ticks_to_the_driver(tmp_path):
 
     from rstar.pipeline.config import load_recipe
     from rstar.pipeline.launch import run_job
+    from rstar.pipeline.records import StageInputs
     from rstar.tracking import mlflow_log as ml
     from tests.pipeline.conftest import write_recipe
 
@@ -70,10 +71,10 @@ def test_a_stage_in_a_ray_worker_sends_its_ticks_to_the_driver(tmp_path):
     uri = recipe.tracking.tracking_uri
     ticks = []
     try:
-        out = run_job("base", recipe, {}, uri, ml.start_run(uri, "ticks", "base"), on_progress=ticks.append)
+        out = run_job("base", recipe, StageInputs(), uri, ml.start_run(uri, "ticks", "base"), on_progress=ticks.append)
     finally:
         ray.shutdown()
-    assert out["stage"] == "base"
+    assert out.stage == "base"
     label, done, total, text = ticks[-1]
     assert (label, done, total) == ("pretrain", recipe.base.pretrain_steps, recipe.base.pretrain_steps)
     assert text.startswith("loss ")
@@ -85,15 +86,15 @@ def test_in_a_terminal_prefect_log_lines_go_above_the_bars(monkeypatch):
 
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    from tasks.stage import _LinesAbove, _progress_bars
+    from tasks.console import LinesAbove, progress_bars
 
     handler = PrefectConsoleHandler()
     monkeypatch.setattr(logging.getLogger("rstar-test-bars"), "handlers", [handler])
     own = handler.console
-    with _progress_bars() as on_progress:  # piped (pytest captures): no bars, the worker prints
+    with progress_bars() as on_progress:  # piped (pytest captures): no bars, the worker prints
         assert on_progress is None and handler.console is own
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
-    with _progress_bars() as on_progress:
-        assert isinstance(handler.console, _LinesAbove)
+    with progress_bars() as on_progress:
+        assert isinstance(handler.console, LinesAbove)
         on_progress(("sft", 1, 2, "loss 1.0"))
     assert handler.console is own  # restored when the stage ends

@@ -1,5 +1,6 @@
 """A stage that resumes from its checkpoints keeps one MLflow run across attempts."""
 from rstar.pipeline.config import load_recipe
+from rstar.pipeline.records import ModelRef, StageInputs, Stored
 from rstar.pipeline.stage_run import open_stage_run
 from rstar.tracking import mlflow_log as ml
 
@@ -11,7 +12,7 @@ def _recipe(tmp_path, **over):
 
 def test_a_retried_rl_stage_continues_its_run_until_it_finishes(tmp_path):
     recipe = _recipe(tmp_path)
-    uri, inputs = recipe.tracking.tracking_uri, {"model": "m", "problems": "p"}
+    uri, inputs = recipe.tracking.tracking_uri, StageInputs(model=ModelRef("m"), problems=Stored("p"))
     first_parent = ml.start_run(uri, recipe.tracking.experiment, "pipeline:tiny")
     run_id, continued = open_stage_run(uri, recipe, "rl1", inputs, first_parent, {ml.STAGE: "rl1"})
     assert not continued
@@ -29,7 +30,7 @@ def test_a_retried_rl_stage_continues_its_run_until_it_finishes(tmp_path):
 
     # a finished stage is never reopened; other inputs are another working directory, another run
     assert open_stage_run(uri, recipe, "rl1", inputs, second_parent, {})[0] != run_id
-    assert open_stage_run(uri, recipe, "rl1", {**inputs, "model": "m2"}, second_parent, {})[1] is False
+    assert open_stage_run(uri, recipe, "rl1", StageInputs(model=ModelRef("m2"), problems=Stored("p")), second_parent, {})[1] is False
 
 
 def test_stages_that_start_over_get_a_new_run_each_attempt(tmp_path):
@@ -37,11 +38,11 @@ def test_stages_that_start_over_get_a_new_run_each_attempt(tmp_path):
     uri = recipe.tracking.tracking_uri
     parent = ml.start_run(uri, recipe.tracking.experiment, "pipeline:tiny")
     for stage in ("evaluate", "sft"):  # the local SFT does not resume; SFT on verl does
-        first, _ = open_stage_run(uri, recipe, stage, {}, parent, {})
+        first, _ = open_stage_run(uri, recipe, stage, StageInputs(), parent, {})
         ml.end_run(uri, first, "FAILED")
-        second, continued = open_stage_run(uri, recipe, stage, {}, parent, {})
+        second, continued = open_stage_run(uri, recipe, stage, StageInputs(), parent, {})
         assert second != first and not continued
     verl = _recipe(tmp_path, engine="verl")
-    first, _ = open_stage_run(uri, verl, "sft", {}, parent, {})
+    first, _ = open_stage_run(uri, verl, "sft", StageInputs(), parent, {})
     ml.end_run(uri, first, "FAILED")
-    assert open_stage_run(uri, verl, "sft", {}, parent, {}) == (first, True)
+    assert open_stage_run(uri, verl, "sft", StageInputs(), parent, {}) == (first, True)

@@ -173,17 +173,20 @@ def test_a_fresh_verl_stage_takes_the_previous_stages_optimizer_state_unless_it_
 
 
 def test_a_verl_stage_with_an_unreachable_sandbox_fails_before_verl_starts(tmp_path, monkeypatch):
-    from rstar.pipeline import stages
+    from rstar.pipeline import stages, verl_stages
     from rstar.pipeline.config import load_recipe
+    from rstar.pipeline.layout import Layout
+    from rstar.pipeline.records import ModelRef, StageInputs, Stored
     from rstar.sandbox.client import SandboxUnreachable
     from rstar.sandbox.process import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     recipe = load_recipe("configs/tiny-verl.yaml", {"storage_root": str(tmp_path / "root"), "sandbox_url": dead})
     launched = []
-    monkeypatch.setattr(stages, "_run_verl", lambda *a, **k: launched.append(a))
+    monkeypatch.setattr(verl_stages, "_run", lambda *a, **k: launched.append(a))
     with pytest.raises(SandboxUnreachable, match=f"sandbox service {dead} does not answer"):
-        stages.rl(recipe, stages.Layout(recipe.storage_root), {"model": "m", "problems": "p"}, None, stage="rl1")
+        stages.rl(recipe, Layout(recipe.storage_root), StageInputs(model=ModelRef("m"), problems=Stored("p")), None,
+                  stage="rl1")
     assert launched == []  # verl never started
 
 

@@ -5,10 +5,7 @@ import os
 import random
 import time
 
-import typer
 from rich.console import Console
-
-app = typer.Typer(help="Answer verification.", no_args_is_help=True)
 
 
 def _integer_items(n: int, rng: random.Random):
@@ -36,10 +33,8 @@ def _symbolic_items(n: int, rng: random.Random):
     return items
 
 
-@app.command()
-def bench(integer_items: int = typer.Option(20000), symbolic_items: int = typer.Option(300),
-          out: str = typer.Option("docs/benchmarks.md")) -> None:
-    """Integer and symbolic verification rates on this machine; writes docs/benchmarks.md."""
+def run_reward_benchmark(integer_items: int, symbolic_items: int, out: str) -> list[tuple]:
+    """Integer and symbolic verification rates on this machine, as section `reward` of `out`."""
     from rstar.benchreport import write_section
     from rstar.reward.score import BatchScorer, score
 
@@ -80,3 +75,4 @@ def bench(integer_items: int = typer.Option(20000), symbolic_items: int = typer.
              "Reproduce: `.venv/bin/rstar reward bench`."]
     write_section(out, "reward", "\n".join(lines))
     console.print(f"wrote {out}")
+    return rows

@@ -1,0 +1,14 @@
+"""Options more than one command takes."""
+from __future__ import annotations
+
+import typer
+
+
+def overrides(values: list[str]) -> dict:
+    """`--set KEY=VALUE` options as recipe overrides ({"rl.0.steps": 2}); values are YAML."""
+    import yaml
+
+    bad = [v for v in values if "=" not in v]
+    if bad:
+        raise typer.BadParameter(f"expected KEY=VALUE, got {bad}")
+    return {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in values)}

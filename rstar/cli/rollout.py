@@ -1,0 +1,79 @@
+"""`rstar rollout`: sample k rollouts per problem from a checkpoint and write them as Parquet."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+def rollout_command(
+    model: str = typer.Option(..., help="Checkpoint directory (Hugging Face format, with its tokenizer)."),
+    problems: str = typer.Option(..., help="Problems Parquet (problems schema)."),
+    out: str = typer.Option(..., help="Trajectories Parquet to write."),
+    k: int = typer.Option(8, help="Rollouts per problem."),
+    limit: int = typer.Option(0, help="Use only the first N problems (0: all)."),
+    max_turns: int = typer.Option(10), max_response_tokens: int = typer.Option(1024),
+    temperature: float = typer.Option(1.0), max_batch: int = typer.Option(64),
+    sandbox: str = typer.Option("", help="URL of a sandbox service (default: executors in this process)."),
+    seed: int = typer.Option(0),
+    engine: str = typer.Option("hf", help="hf (transformers, CPU or one GPU) or vllm (one GPU per replica)."),
+    replicas: int = typer.Option(1, help="Engine replicas. Above 1, each is a Ray actor (a local Ray, or the "
+                                         "cluster at RAY_ADDRESS) and --scheduler spreads the rollouts."),
+    scheduler: str = typer.Option("balanced", help="balanced (one queue, by free KV cache) or static (equal split)."),
+) -> None:
+    """Sample rollouts through the agent loop and the local engine; print a summary."""
+    from rstar.agent.loop import LoopConfig
+    from rstar.data.io import read_table, write_table
+    from rstar.rollout.open import open_agent_loop
+    from rstar.rollout.runner import rollout, summarize
+
+    if engine not in ("hf", "vllm"):
+        raise typer.BadParameter(f"--engine must be hf or vllm, not {engine!r}")
+    if scheduler not in ("balanced", "static"):
+        raise typer.BadParameter(f"--scheduler must be balanced or static, not {scheduler!r}")
+    if replicas < 1:
+        raise typer.BadParameter(f"--replicas must be at least 1, not {replicas}")
+    console = Console()
+    rows = read_table(problems, "problems").to_pylist()
+    rows = rows[:limit] if limit else rows
+    cfg = LoopConfig(max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature)
+    actors = replicas if replicas > 1 else 0  # one engine runs in this process
+
+    async def main():
+        async with open_agent_loop(model, cfg, replicas=actors, kind=engine, scheduler=scheduler, seed=seed,
+                                   max_batch=max_batch, replica_cpus=1, sandbox_url=sandbox or None) as loop:
+            with Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console) as bar:
+                task = bar.add_task("", total=len(rows) * k)
+                records = await rollout(loop, rows, k, progress=lambda n: bar.advance(task, n))
+            if actors:
+                console.print(f"{scheduler} scheduler, requests served per replica: {loop.engine.served}")
+        return records
+
+    start = time.monotonic()
+    records = _with_ray(actors, lambda: asyncio.run(main()))
+    write_table(records, out, "trajectories")
+    console.print(json.dumps(summarize(records, time.monotonic() - start), indent=2))
+    console.print(f"wrote {len(records)} trajectories to {out}")
+
+
+def _with_ray(replicas: int, work):
+    """Run `work()` with Ray up when there are replica actors to place, shutting down a local
+    Ray this command started."""
+    if not replicas:
+        return work()
+    import ray
+
+    from rstar.cluster import ensure_ray
+
+    ours = not ray.is_initialized()
+    ensure_ray(replicas)
+    try:
+        return work()
+    finally:
+        if ours:
+            ray.shutdown()

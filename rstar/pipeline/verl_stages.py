@@ -1,0 +1,101 @@
+"""SFT and RL on the cluster path (`engine: verl`): verl's own trainers, launched as a command
+from the stage's Ray worker, then their last FSDP checkpoint merged into a Hugging Face
+directory by verl's model merger. verl resumes from its own checkpoints after a retry.
+
+On GPUs verl joins the Ray cluster the stage runs on and places its workers on the recipe's
+GPUs; with `resources.gpus: 0` the same trainers run on this machine's CPU (verl's plug-in
+platform, rstar.train.verl_cpu), for CI and for trying the cluster path on a laptop.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from dataclasses import replace
+
+from rstar.pipeline import cache
+from rstar.pipeline.config import Recipe
+from rstar.pipeline.layout import Layout
+from rstar.pipeline.records import StageInputs
+from rstar.storage import dirs, filesystem
+
+logger = logging.getLogger(__name__)
+# In a verl stage's published model: where its last actor checkpoint (optimizer state) lies.
+VERL_CHECKPOINT = "verl_actor_checkpoint.txt"
+
+
+def _device(recipe: Recipe) -> str:
+    return "gpu" if recipe.resources.gpus else "cpu"
+
+
+def sft(recipe: Recipe, inputs: StageInputs, log, cfg, data: str) -> str:
+    """verl's Ray SFT trainer (rstar.train.verl_sft) on the chats in `data`; returns the merged
+    model's directory. verl resumes from its checkpoint of the last finished epoch."""
+    from rstar.train.verl_sft import last_checkpoint, sft_command
+
+    work, _ = cache.work_dir(recipe, "sft", inputs)
+    os.makedirs(work, exist_ok=True)
+    cmd = sft_command(cfg, model=dirs.pull(inputs.model.uri), train_files=data, out_dir=work,
+                      n_gpus=int(recipe.resources.gpus) or 1, nodes=recipe.resources.nodes,
+                      experiment=recipe.tracking.experiment, device=_device(recipe))
+    return _run(cmd, "sft", log, work, recipe, lambda: last_checkpoint(work))
+
+
+def rl(recipe: Recipe, inputs: StageInputs, log, cfg, work: str) -> str:
+    """verl's trainer with this project's agent loop, tool, reward and RoC (FSDP actor, vLLM
+    rollouts; on the CPU one training process and the HF engine as rollout); returns the merged
+    model's directory, which names its actor checkpoint for the next stage's optimizer state."""
+    import contextlib
+
+    from rstar.sandbox.client import check_health
+    from rstar.sandbox.process import SandboxProcess
+    from rstar.train.verl_launcher import build_verl_run
+
+    with contextlib.ExitStack() as stack:
+        # on the CPU without a sandbox service named, one of its own for this stage (loopback only)
+        sandbox_url = recipe.sandbox_url or stack.enter_context(SandboxProcess()).url
+        # a sandbox that does not answer would turn every tool call into an error and train on that
+        check_health(sandbox_url)
+        held_out = Layout(recipe.storage_root).dataset("eval_problems")
+        fs, path = filesystem(held_out)
+        model = dirs.pull(inputs.model.uri)
+        # the previous verl stage's optimizer state, which this one carries over unless it resets
+        pointer = os.path.join(model, VERL_CHECKPOINT)
+        optimizer_from = open(pointer).read().strip() if os.path.exists(pointer) else None
+        cmd = build_verl_run(replace(cfg, prompt_style=recipe.prompt_style), model=model,
+                             problems=inputs.problems.uri, sandbox_url=sandbox_url, out_dir=work,
+                             n_gpus=int(recipe.resources.gpus) or 1, nodes=recipe.resources.nodes,
+                             val_problems=held_out if fs.exists(path) else None,
+                             experiment=recipe.tracking.experiment, optimizer_from=optimizer_from,
+                             device=_device(recipe))
+        actor = os.path.join(work, f"global_step_{cfg.steps}", "actor")
+        merged = _run(cmd, cfg.name, log, work, recipe, lambda: actor)
+    with open(os.path.join(merged, VERL_CHECKPOINT), "w") as f:
+        f.write(actor)
+    return merged
+
+
+def _run(cmd: list[str], stage: str, log, work: str, recipe: Recipe, checkpoint) -> str:
+    """Run a verl command for `stage` in its work directory, then merge the FSDP checkpoint
+    `checkpoint()` names into `work/hf` with verl's model merger; return that directory."""
+    from rstar.train.verl_launcher import merge_command, verl_env
+
+    device = _device(recipe)
+    log.tag("rstar.verl_command", " ".join(cmd)[:5000])
+    # verl's MLflow logger writes into this stage's run, beside the pipeline's own metrics
+    run_id = getattr(log, "run_id", None)
+    mlflow_env = {"MLFLOW_TRACKING_URI": log.tracking_uri, "MLFLOW_RUN_ID": run_id} if run_id else {}
+    logger.info("[%s] verl (%s): %s ...", stage, device, " ".join(cmd[:3]))
+    # on the CPU: torch threads per training process, which Ray would otherwise start with one
+    env = {**os.environ, **verl_env(device, int(recipe.resources.cpus)), **mlflow_env}
+    if device == "cpu":
+        env.pop("RAY_ADDRESS", None)  # verl on the CPU starts a Ray of its own, with its training slots
+    else:  # verl joins the Ray this stage runs on (the cluster), where its GPUs are
+        import ray
+
+        if ray.is_initialized():
+            env.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    subprocess.run(cmd, check=True, env=env, cwd=work)  # Hydra's outputs/ land in the work directory
+    merged = os.path.join(work, "hf")
+    subprocess.run(merge_command(checkpoint(), merged), check=True, env=env)
+    return merged
