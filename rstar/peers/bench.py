@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -31,6 +32,7 @@ from dataclasses import replace
 
 from rstar.benchreport import publish
 
+log = logging.getLogger(__name__)
 SIDES = ("rstar GRPO-RoC", "rstar GRPO", "TRL GRPO")
 TARGET_SPEEDUP = 1.5  # the local trainer's generated tokens/s over TRL's, at equal settings
 LOOP_PROBLEMS = 64  # rollouts of the agent-loop comparison
@@ -51,8 +53,8 @@ def run_side(side: str, model_dir: str, problems: list[dict], cfg, loop_cfg) -> 
     """Train one side; returns its per-step history and its model directory."""
     def progress(step: int, m: dict) -> None:
         seconds = m.get("time_step_s", m["time_rollout_s"] + m["time_reward_s"] + m["time_update_s"])
-        print(f"[{side} seed {cfg.seed}] step {step}/{cfg.steps}: accuracy {m['accuracy']:.3f}, {seconds:.1f} s",
-              flush=True)
+        log.info("[%s seed %d] step %d/%d: accuracy %.3f, %.1f s", side, cfg.seed, step, cfg.steps, m["accuracy"],
+                 seconds)
 
     if side == "TRL GRPO":
         from rstar.peers.trl_grpo import train_trl

@@ -15,7 +15,12 @@ least KV reserved, with no capacity limit.
 """
 from __future__ import annotations
 
+import logging
+
+from rstar.logs import configure
 from rstar.rollout.scheduler import plan_dispatch
+
+log = logging.getLogger(__name__)
 
 UNLIMITED = 1 << 62
 
@@ -28,8 +33,9 @@ class KVBalancedRouter:
         self.home: dict[str, str] = {}                     # request id (a rollout) -> server
         self.inflight: dict[str, tuple[str, int]] = {}     # request id -> (server, KV reserved)
         self.overcommitted = 0
-        print(f"[rstar] KV-balanced load balancer over {len(servers)} replica(s), "
-              f"{'no cap' if self.capacity == UNLIMITED else self.capacity} KV tokens each", flush=True)
+        configure()  # verl makes its balancer in an actor process of its own: log there as the stage does
+        log.info("[rstar] KV-balanced load balancer over %d replica(s), %s KV tokens each", len(servers),
+                 "no cap" if self.capacity == UNLIMITED else self.capacity)
 
     # -- verl's RequestLoadBalancer protocol ---------------------------------------------
     def require_acquire_fields(self) -> list[str]:

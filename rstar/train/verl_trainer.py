@@ -20,6 +20,7 @@ verl's. `main` is verl's `main_ppo` entry with this trainer in place of the lega
 """
 from __future__ import annotations
 
+import logging
 import random
 from contextlib import contextmanager
 
@@ -31,6 +32,9 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from rstar.algo.roc import RoCConfig, Rollout, keep_indices
+from rstar.logs import configure
+
+log = logging.getLogger(__name__)
 
 
 def rollouts_of(batch: DataProto) -> list[Rollout]:
@@ -106,7 +110,7 @@ class RoCTrainer(RayPPOTrainer):
         step = super()._load_checkpoint()
         source = self.config.rstar.get("optimizer_from")
         if step == 0 and source:
-            print(f"[rstar] optimizer state from the previous stage: {source}")
+            log.info("[rstar] optimizer state from the previous stage: %s", source)
             self.actor_rollout_wg.load_checkpoint(source, del_local_after_load=False)
         return step
 
@@ -120,6 +124,7 @@ class RoCTaskRunner(BaseTaskRunner):
         from verl.utils.config import omega_conf_to_dataclass
         from verl.utils.dataset.rl_dataset import collate_fn
 
+        configure()  # an actor process of verl's: rstar's log lines at the stage's level (rstar.logs)
         OmegaConf.resolve(config)
         _, group_cls = self.add_actor_rollout_worker(config)
         self.add_critic_worker(config)
