@@ -2,32 +2,42 @@
 run the Prefect flows of this package.
 
     rstar pipeline run --config configs/tiny.yaml       # the whole recipe
-    rstar pipeline plan --config configs/qwen3-14b.yaml  # each stage's engine, resources, verl command
-    rstar pipeline reevaluate --version rstar-tiny/5    # evaluate registered versions again
-    rstar serve                                         # the deployments (UI Run button, nightly re-evaluation)
-    rstar bench-recipe                                  # the recipe's figures -> docs/benchmarks.md
+    rstar pipeline plan --config configs/qwen3-14b.yaml # each stage's engine, resources, verl
+    command rstar pipeline reevaluate --version rstar-tiny/5 # evaluate registered versions again
+    rstar serve # the deployments (UI Run button, nightly re-evaluation) rstar bench-recipe # the
+    recipe's figures -> docs/benchmarks.md
 """
+
 from __future__ import annotations
 
 import sys
 
 import typer
 
-from rstar.cli import app, main as run_app
+from rstar.cli import app
+from rstar.cli import main as run_app
 from rstar.cli.options import overrides
 
-pipeline_app = typer.Typer(help="The training pipeline as Prefect flows (see flows/).", no_args_is_help=True)
+pipeline_app = typer.Typer(
+    help="The training pipeline as Prefect flows (see flows/).", no_args_is_help=True
+)
 app.add_typer(pipeline_app, name="pipeline")
 # how a benchmark starts this command line in a fresh process of its own
 RSTAR = [sys.executable, "-m", "flows.cli"]
 
 
 @pipeline_app.command("run")
-def pipeline_run(config: str = typer.Option("configs/tiny.yaml", help="The recipe (YAML)."),
-                 set_: list[str] = typer.Option([], "--set", help="Override a recipe value: KEY=VALUE, e.g. "
-                                                                   "rl.0.steps=2 (repeatable)."),
-                 report_json: str = typer.Option(None, help="Also write what the run measured (metrics, seconds, "
-                                                            "accuracy, verdict) to this JSON file.")) -> None:
+def pipeline_run(
+    config: str = typer.Option("configs/tiny.yaml", help="The recipe (YAML)."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override a recipe value: KEY=VALUE, e.g. rl.0.steps=2 (repeatable)."
+    ),
+    report_json: str = typer.Option(
+        None,
+        help="Also write what the run measured (metrics, seconds, "
+        "accuracy, verdict) to this JSON file.",
+    ),
+) -> None:
     """Run the whole recipe: base, problems, SFT, RL stages, mining, evaluation."""
     import json
 
@@ -55,10 +65,15 @@ def pipeline_run(config: str = typer.Option("configs/tiny.yaml", help="The recip
 
 
 @pipeline_app.command("plan")
-def pipeline_plan(config: str = typer.Option("configs/tiny.yaml", help="The recipe (YAML)."),
-                  set_: list[str] = typer.Option([], "--set", help="Override a recipe value: KEY=VALUE (repeatable)."),
-                  as_json: bool = typer.Option(False, "--json", help="Print {\"stages\": [...]} as JSON.")) -> None:
-    """Print each stage's engine, Ray job resources and (verl stages) the checked verl command; run nothing."""
+def pipeline_plan(
+    config: str = typer.Option("configs/tiny.yaml", help="The recipe (YAML)."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override a recipe value: KEY=VALUE (repeatable)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help='Print {"stages": [...]} as JSON.'),
+) -> None:
+    """Print each stage's engine, Ray job resources and (verl stages) the checked verl command; run
+    nothing."""
     import json
     import shlex
 
@@ -66,7 +81,9 @@ def pipeline_plan(config: str = typer.Option("configs/tiny.yaml", help="The reci
     from rstar.pipeline.plan import PlanError, plan
 
     try:
-        stages = plan(load_recipe(config, overrides(set_), check_inputs=False))  # a plan reads no data
+        stages = plan(
+            load_recipe(config, overrides(set_), check_inputs=False)
+        )  # a plan reads no data
     except ConfigError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
@@ -79,18 +96,25 @@ def pipeline_plan(config: str = typer.Option("configs/tiny.yaml", help="The reci
     for s in stages:
         r = s["resources"]
         workers = r.get("verl_workers")
-        print(f"{s['name']:<10} {s['engine']:<13} driver: cpus {r['cpus']:g}, gpus {r['gpus']:g}"
-              + (f"; verl workers: {workers['nodes']} node(s) x {workers['gpus_per_node']:g} GPU(s)" if workers else "")
-              + (f"; {r['replicas']} engine replicas" if "replicas" in r else ""))
+        print(
+            f"{s['name']:<10} {s['engine']:<13} driver: cpus {r['cpus']:g}, gpus {r['gpus']:g}"
+            + (
+                f"; verl workers: {workers['nodes']} node(s) x {workers['gpus_per_node']:g} GPU(s)"
+                if workers
+                else ""
+            )
+            + (f"; {r['replicas']} engine replicas" if "replicas" in r else "")
+        )
         if s["command"]:
             print("    " + shlex.join(s["command"]))
 
 
 @pipeline_app.command("reevaluate")
-def pipeline_reevaluate(config: str = typer.Option("configs/tiny.yaml"),
-                        version: list[str] = typer.Option([], help="NAME/VERSION or 'latest' (repeatable)."),
-                        problems: str = typer.Option(None, help="Problems-schema Parquet (default: held-out set).")
-                        ) -> None:
+def pipeline_reevaluate(
+    config: str = typer.Option("configs/tiny.yaml"),
+    version: list[str] = typer.Option([], help="NAME/VERSION or 'latest' (repeatable)."),
+    problems: str = typer.Option(None, help="Problems-schema Parquet (default: held-out set)."),
+) -> None:
     """Evaluate registered model versions and attach the results to their lineage."""
     from flows.reevaluate import reevaluate
 
@@ -98,8 +122,11 @@ def pipeline_reevaluate(config: str = typer.Option("configs/tiny.yaml"),
 
 
 @app.command("serve")
-def serve_command(config: str = typer.Option("configs/tiny.yaml"), name: str = typer.Option("tiny"),
-                  cron: str = typer.Option("0 3 * * *", help="Schedule of the nightly re-evaluation.")) -> None:
+def serve_command(
+    config: str = typer.Option("configs/tiny.yaml"),
+    name: str = typer.Option("tiny"),
+    cron: str = typer.Option("0 3 * * *", help="Schedule of the nightly re-evaluation."),
+) -> None:
     """Register the pipeline and nightly re-evaluation deployments and serve their runs."""
     from flows.deploy import serve_all
 
@@ -107,16 +134,28 @@ def serve_command(config: str = typer.Option("configs/tiny.yaml"), name: str = t
 
 
 @app.command("bench-recipe")
-def bench_recipe_command(config: str = typer.Option("configs/tiny.yaml"),
-                         out: str = typer.Option("docs/benchmarks.md"),
-                         png: str = typer.Option("docs/tiny_ablation.png"),
-                         seeds: int = typer.Option(3, min=1, help="Seeds of the RoC-vs-GRPO ablation (each runs "
-                                                                  "stage 1 twice), or with --robustness of the whole recipe."),
-                         robustness: bool = typer.Option(False, help="Instead: the whole recipe from the base per seed, "
-                                                                     "kernel set and thread count (rstar.pipeline.robustness)."),
-                         rebuild_base: bool = typer.Option(False, help="With --robustness: pretrain the base in every run "
-                                                                       "(its seed moved too) instead of the shipped one."),
-                         root: str = typer.Option("runs/robustness", help="With --robustness: storage of the runs.")) -> None:
+def bench_recipe_command(
+    config: str = typer.Option("configs/tiny.yaml"),
+    out: str = typer.Option("docs/benchmarks.md"),
+    png: str = typer.Option("docs/tiny_ablation.png"),
+    seeds: int = typer.Option(
+        3,
+        min=1,
+        help="Seeds of the RoC-vs-GRPO ablation (each runs "
+        "stage 1 twice), or with --robustness of the whole recipe.",
+    ),
+    robustness: bool = typer.Option(
+        False,
+        help="Instead: the whole recipe from the base per seed, "
+        "kernel set and thread count (rstar.pipeline.robustness).",
+    ),
+    rebuild_base: bool = typer.Option(
+        False,
+        help="With --robustness: pretrain the base in every run "
+        "(its seed moved too) instead of the shipped one.",
+    ),
+    root: str = typer.Option("runs/robustness", help="With --robustness: storage of the runs."),
+) -> None:
     """The tiny recipe's time, accuracy per stage and RoC-vs-GRPO ablation -> docs/benchmarks.md."""
     if robustness:
         from rstar.pipeline.robustness import run_robustness

@@ -3,6 +3,7 @@ hard -> RL stage 3 -> evaluation, one retryable, cached Prefect task per stage.
 
     rstar pipeline run --config configs/tiny.yaml --set rl.0.steps=2
 """
+
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
@@ -16,9 +17,11 @@ from tasks.stage import submit
 
 
 @flow(name="rstar-pipeline", log_prints=True)
-def pipeline(config: str = "configs/tiny.yaml", overrides: dict | None = None) -> dict[str, StageOutput]:
-    """Run the recipe in `config` (overrides: {"rl.0.steps": 2, ...}). Returns every stage's outputs.
-    One run per storage root at a time: a second one fails at once naming the first; what a
+def pipeline(
+    config: str = "configs/tiny.yaml", overrides: dict | None = None
+) -> dict[str, StageOutput]:
+    """Run the recipe in `config` (overrides: {"rl.0.steps": 2, ...}). Returns every stage's
+    outputs. One run per storage root at a time: a second one fails at once naming the first; what a
     killed run on the root left RUNNING is marked Crashed (Prefect) or FAILED (MLflow) first."""
     recipe = load_recipe(config, overrides)
     with claim_root(Layout(recipe.storage_root).root):
@@ -29,13 +32,25 @@ def _run(recipe, config: str) -> dict[str, StageOutput]:
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)
     ml.check_reachable(uri)
     root = Layout(recipe.storage_root).root
-    stale = ml.fail_stale_runs(uri, recipe.tracking.experiment, root)  # we hold the root: none of them is live
+    stale = ml.fail_stale_runs(
+        uri, recipe.tracking.experiment, root
+    )  # we hold the root: none of them is live
     if stale:
-        get_run_logger().warning("marked %d MLflow run(s) left RUNNING by a killed run on %s as FAILED", len(stale), root)
-    parent = ml.start_run(uri, recipe.tracking.experiment, f"pipeline:{recipe.name}",
-                          params=recipe.model_dump(mode="json"),
-                          tags={ml.PIPELINE: "root", "rstar.recipe_digest": recipe.digest(), "rstar.config": config,
-                                ml.ROOT: root})
+        get_run_logger().warning(
+            "marked %d MLflow run(s) left RUNNING by a killed run on %s as FAILED", len(stale), root
+        )
+    parent = ml.start_run(
+        uri,
+        recipe.tracking.experiment,
+        f"pipeline:{recipe.name}",
+        params=recipe.model_dump(mode="json"),
+        tags={
+            ml.PIPELINE: "root",
+            "rstar.recipe_digest": recipe.digest(),
+            "rstar.config": config,
+            ml.ROOT: root,
+        },
+    )
     outs: dict[str, StageOutput] = {}
 
     def run(name: str, inputs: StageInputs) -> StageOutput:
@@ -53,10 +68,23 @@ def _run(recipe, config: str) -> dict[str, StageOutput]:
             if s.name == recipe.mine.after:
                 run("mine", StageInputs(model=model, problems=data.datasets["train"]))
         checkpoints = ["sft"] + [s.name for s in recipe.rl]
-        copying = {m: {k: v for k, v in outs[m].metrics.items() if k.startswith("copy_")} for m in ("base", "sft")}
-        run("evaluate", StageInputs(models={m: outs[m].model for m in checkpoints}, copying=copying,
-                                    problems=data.datasets["eval"]))
-        ml.set_tags(uri, parent, {f"rstar.{k}.model_version": v.model.version for k, v in outs.items() if v.model})
+        copying = {
+            m: {k: v for k, v in outs[m].metrics.items() if k.startswith("copy_")}
+            for m in ("base", "sft")
+        }
+        run(
+            "evaluate",
+            StageInputs(
+                models={m: outs[m].model for m in checkpoints},
+                copying=copying,
+                problems=data.datasets["eval"],
+            ),
+        )
+        ml.set_tags(
+            uri,
+            parent,
+            {f"rstar.{k}.model_version": v.model.version for k, v in outs.items() if v.model},
+        )
         _mark_reused(uri, parent, recipe, outs)
     _where_to_look(recipe, config, uri, parent, outs)
     return outs
@@ -66,21 +94,36 @@ def _mark_reused(uri: str, parent: str, recipe, outs: dict[str, StageOutput]) ->
     """Stages served from Prefect's cache ran under an earlier pipeline run: this run links to
     their runs (`rstar.<stage>.reused_run`) and, when it ran nothing itself, says so in its name."""
     c = ml.client(uri)
-    reused = {stage: out.mlflow_run_id for stage, out in outs.items()
-              if c.get_run(out.mlflow_run_id).data.tags.get(ml.PIPELINE) != parent}
+    reused = {
+        stage: out.mlflow_run_id
+        for stage, out in outs.items()
+        if c.get_run(out.mlflow_run_id).data.tags.get(ml.PIPELINE) != parent
+    }
     if not reused:
         return
-    ml.set_tags(uri, parent, {"rstar.cached_stages": ",".join(reused),
-                              **{f"rstar.{stage}.reused_run": run_id for stage, run_id in reused.items()}})
+    ml.set_tags(
+        uri,
+        parent,
+        {
+            "rstar.cached_stages": ",".join(reused),
+            **{f"rstar.{stage}.reused_run": run_id for stage, run_id in reused.items()},
+        },
+    )
     if len(reused) == len(outs):
         c.update_run(parent, name=f"pipeline:{recipe.name} (all stages cached)")
 
 
-def _where_to_look(recipe, config: str, uri: str, parent: str, outs: dict[str, StageOutput]) -> None:
+def _where_to_look(
+    recipe, config: str, uri: str, parent: str, outs: dict[str, StageOutput]
+) -> None:
     log = get_run_logger()
     evaluation = outs["evaluate"].evaluation
     log.info("\n%s\n\n%s\n", evaluation.table, "\n".join(evaluation.verdict))
     log.info("storage: %s", Layout(recipe.storage_root).root)
     log.info("MLflow parent run %s; UI: mlflow ui --backend-store-uri %s", parent, uri)
     log.info("Prefect UI: prefect server start (then open http://127.0.0.1:4200)")
-    log.info("lineage of the final model: rstar lineage %s --config %s", outs[recipe.rl[-1].name].model.version, config)
+    log.info(
+        "lineage of the final model: rstar lineage %s --config %s",
+        outs[recipe.rl[-1].name].model.version,
+        config,
+    )

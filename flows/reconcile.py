@@ -5,6 +5,7 @@ The next run on the same storage root learns of the killed one from the root's l
 records the holder's flow run id, rstar.storage.lock) and marks them Crashed, as Prefect marks
 a flow run whose process it saw die.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -12,8 +13,12 @@ from uuid import UUID
 
 from prefect import get_run_logger
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import (TaskRunFilter, TaskRunFilterFlowRunId, TaskRunFilterState,
-                                            TaskRunFilterStateType)
+from prefect.client.schemas.filters import (
+    TaskRunFilter,
+    TaskRunFilterFlowRunId,
+    TaskRunFilterState,
+    TaskRunFilterStateType,
+)
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
@@ -38,8 +43,10 @@ def crash_killed_flow_run(flow_run_id: str, why: str) -> list[str]:
             return []
         client.set_flow_run_state(run.id, Crashed(message=why), force=True)
         marked.append(f"flow run {run.name}")
-        unfinished = TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[run.id]),
-                                   state=TaskRunFilterState(type=TaskRunFilterStateType(any_=UNFINISHED)))
+        unfinished = TaskRunFilter(
+            flow_run_id=TaskRunFilterFlowRunId(any_=[run.id]),
+            state=TaskRunFilterState(type=TaskRunFilterStateType(any_=UNFINISHED)),
+        )
         for task_run in client.read_task_runs(task_run_filter=unfinished):
             client.set_task_run_state(task_run.id, Crashed(message=why), force=True)
             marked.append(f"task run {task_run.name}")
@@ -53,9 +60,13 @@ def claim_root(root: str):
     me = f"flow run {flow_run.get_name()} ({flow_run.get_id()})"
     with hold_root(root, me, flow_run_id=str(flow_run.get_id())) as killed:
         if killed and killed.get("flow_run_id"):
-            why = f"its process (pid {killed.get('pid')} on {killed.get('host')}) was killed holding {root}; " \
-                  f"marked by {me}"
+            why = (
+                f"its process (pid {killed.get('pid')} on {killed.get('host')}) was killed holding "
+                f"{root}; marked by {me}"
+            )
             marked = crash_killed_flow_run(killed["flow_run_id"], why)
             if marked:
-                get_run_logger().warning("marked Crashed, left RUNNING by a killed run: %s", ", ".join(marked))
+                get_run_logger().warning(
+                    "marked Crashed, left RUNNING by a killed run: %s", ", ".join(marked)
+                )
         yield

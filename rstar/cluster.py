@@ -1,5 +1,6 @@
 """The Ray this process works on: the cluster named by `RAY_ADDRESS`, or a local one capped
 to this machine (loopback only, a bounded object store), started on first use."""
+
 from __future__ import annotations
 
 import os
@@ -15,6 +16,12 @@ def ensure_ray(cpus: float, object_store_mb: int = 256) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # a local Ray binds to loopback only
-    ray.init(num_cpus=max(1, int(cpus)), object_store_memory=object_store_mb * 1024 * 1024,
-             include_dashboard=False, log_to_driver=True)
+    os.environ.setdefault(
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"
+    )  # a local Ray binds to loopback only
+    ray.init(
+        num_cpus=max(1, int(cpus)),
+        object_store_memory=object_store_mb * 1024 * 1024,
+        include_dashboard=False,
+        log_to_driver=True,
+    )

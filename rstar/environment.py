@@ -10,6 +10,7 @@ importing Prefect, which reads its settings once, when it loads.
 - Output piped to a file or a CI log has no colour codes (Prefect's log lines, Ray's
   prefixes of its workers' lines).
 """
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ A stage runs in a Ray worker and verl in processes of its own: the level travels
 `configure()` again. The "rstar" logger does not pass its records on to the root logger, where
 Prefect's console handler would print them a second time in the flow's process.
 """
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """Progress bars in a terminal while a stage runs, with Prefect's log lines above them."""
+
 from __future__ import annotations
 
 import logging
@@ -23,15 +24,16 @@ class LinesAbove:
 
 @contextmanager
 def progress_bars():
-    """In a terminal, a progress bar per task of the stage, fed by its worker (rstar.pipeline.progress);
-    piped, nothing (the worker logs plain lines)."""
+    """In a terminal, a progress bar per task of the stage, fed by its worker
+    (rstar.pipeline.progress); piped, nothing (the worker logs plain lines)."""
     if not sys.stdout.isatty():
         yield None
         return
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    loggers = [logging.getLogger()] + [lg for lg in logging.root.manager.loggerDict.values()
-                                       if isinstance(lg, logging.Logger)]
+    loggers = [logging.getLogger()] + [
+        lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    ]
     handlers = [h for lg in loggers for h in lg.handlers if isinstance(h, PrefectConsoleHandler)]
     with Bars() as bars:
         saved = [(h, h.console) for h in handlers]

@@ -7,6 +7,7 @@ attempt cannot fix (a recipe, a data file, a permission: `rstar.errors.retry_poi
 retried. The cache key is the stage's recipe section, its inputs' content digests and the code
 version, so re-running a finished pipeline serves every stage from cache.
 """
+
 from __future__ import annotations
 
 from prefect import get_run_logger, task
@@ -42,37 +43,66 @@ def _tags(stage: str, inputs: StageInputs, parent_run_id: str) -> dict:
     return tags
 
 
-@task(name="stage", task_run_name="{stage}", persist_result=True, retry_condition_fn=worth_retrying,
-      cache_key_fn=lambda ctx, params: params["recipe"].cache_key(params["stage"], params["inputs"]))
+@task(
+    name="stage",
+    task_run_name="{stage}",
+    persist_result=True,
+    retry_condition_fn=worth_retrying,
+    cache_key_fn=lambda ctx, params: params["recipe"].cache_key(params["stage"], params["inputs"]),
+)
 def run_stage(stage: str, recipe: Recipe, inputs: StageInputs, parent_run_id: str) -> StageOutput:
     log = get_run_logger()
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)
-    run_id, continued = open_stage_run(uri, recipe, stage, inputs, parent_run_id, _tags(stage, inputs, parent_run_id))
+    run_id, continued = open_stage_run(
+        uri, recipe, stage, inputs, parent_run_id, _tags(stage, inputs, parent_run_id)
+    )
     names = stage_names(recipe)
-    where = f"stage {names.index(stage) + 1} of {len(names)} ({stage})" if stage in names else f"stage {stage}"
-    log.info("%s: MLflow run %s%s", where, run_id, " (continued: it holds the earlier attempts' steps)"
-             if continued else "")
+    where = (
+        f"stage {names.index(stage) + 1} of {len(names)} ({stage})"
+        if stage in names
+        else f"stage {stage}"
+    )
+    log.info(
+        "%s: MLflow run %s%s",
+        where,
+        run_id,
+        " (continued: it holds the earlier attempts' steps)" if continued else "",
+    )
     layout = Layout(recipe.storage_root)
     with ml.closing(uri, run_id):
         with progress_bars() as on_progress:
             out = run_job(stage, recipe, inputs, uri, run_id, on_progress=on_progress)
         out.mlflow_run_id = run_id
         if out.model:
-            # the version points at a copy later runs on this root cannot overwrite (models/<stage> is replaced)
+            # the version points at a copy later runs on this root cannot overwrite (models/<stage>
+            # is replaced)
             source = dirs.snapshot(out.model.uri, layout.registered(stage, out.model.digest))
-            version = ml.register(uri, recipe.tracking.registered_model, source, run_id, stage, out.model.digest,
-                                  inputs.model.version if inputs.model else None)
+            version = ml.register(
+                uri,
+                recipe.tracking.registered_model,
+                source,
+                run_id,
+                stage,
+                out.model.digest,
+                inputs.model.version if inputs.model else None,
+            )
             out.model = out.model.registered(version)
             ml.set_tags(uri, run_id, {"rstar.model_version": version})
     links = {"MLflow run": f"{uri} run {run_id}", "storage root": layout.root, **out.links()}
-    create_markdown_artifact(summary_markdown(out, links), key=artifact_key(recipe.name, stage),
-                             description=f"{stage} summary")
+    create_markdown_artifact(
+        summary_markdown(out, links),
+        key=artifact_key(recipe.name, stage),
+        description=f"{stage} summary",
+    )
     return out
 
 
 def submit(stage: str, recipe: Recipe, inputs: StageInputs, parent_run_id: str) -> StageOutput:
     """Run a stage with the recipe's retries. A cached result is reused only while the
     stage's outputs are still in storage; otherwise the stage runs again and refreshes it."""
-    task_ = run_stage.with_options(retries=recipe.retries.count, retry_delay_seconds=recipe.retries.delay_s,
-                                   refresh_cache=not outputs_exist(recipe, stage, inputs))
+    task_ = run_stage.with_options(
+        retries=recipe.retries.count,
+        retry_delay_seconds=recipe.retries.delay_s,
+        refresh_cache=not outputs_exist(recipe, stage, inputs),
+    )
     return task_(stage, recipe, inputs, parent_run_id)

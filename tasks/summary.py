@@ -1,5 +1,6 @@
 """What a person sees of a finished stage in the Prefect UI: a markdown artifact with its
 headline metrics, where its outputs are and, for the evaluation, the table and the verdict."""
+
 from __future__ import annotations
 
 from rstar.pipeline.records import StageOutput
@@ -12,7 +13,10 @@ def artifact_key(pipeline: str, stage: str) -> str:
 
 def summary_markdown(out: StageOutput, links: dict) -> str:
     lines = [f"# {out.stage}", "", "| metric | value |", "|---|---|"]
-    lines += [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in out.metrics.items()]
+    lines += [
+        f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
+        for k, v in out.metrics.items()
+    ]
     lines += ["", *(f"- {k}: `{v}`" for k, v in links.items())]
     if out.evaluation:
         lines += ["", out.evaluation.table]

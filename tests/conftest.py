@@ -72,7 +72,9 @@ def tokenizer(tiny_dir):
 
 @pytest.fixture(scope="session")
 async def agent_sandbox():
-    cfg = SandboxConfig(lean_executors=1, warm_executors=1, slots_per_executor=4, uid_base=410_000, timeout_s=5)
+    cfg = SandboxConfig(
+        lean_executors=1, warm_executors=1, slots_per_executor=4, uid_base=410_000, timeout_s=5
+    )
     async with SandboxService(cfg) as sb:
         yield sb
 
@@ -86,8 +88,12 @@ def s3(tmp_path_factory):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "RSTAR_S3_ENDPOINT_URL": f"http://{host}:{port}"}
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "RSTAR_S3_ENDPOINT_URL": f"http://{host}:{port}",
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     import boto3

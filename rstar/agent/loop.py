@@ -6,6 +6,7 @@ Engine-agnostic: it talks to anything with
 vLLM, or verl's server manager through the adapter in `rstar.agent.verl`), and to any
 sandbox with `async run_many([ExecRequest]) -> [ExecResult]`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,7 +31,9 @@ class Generation:
 
 
 class Engine(Protocol):
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation: ...
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: dict
+    ) -> Generation: ...
 
 
 def rollout_of(request_id: str) -> str:
@@ -46,19 +49,19 @@ class Sandbox(Protocol):
 @dataclass
 class LoopConfig:
     max_turns: int = 10
-    max_response_tokens: int = 8192       # model and tool tokens together
+    max_response_tokens: int = 8192  # model and tool tokens together
     max_tool_response_tokens: int = 1024  # a longer tool response is cut, with a mark
     temperature: float = 1.0
     top_p: float = 1.0
     tool_timeout_s: float = 10.0
-    prompt_style: str = "paper"           # a key of rstar.agent.format.STYLES
+    prompt_style: str = "paper"  # a key of rstar.agent.format.STYLES
 
 
 @dataclass
 class ToolRecord:
     turn: int
     code: str
-    status: str        # an ExecResult status, or "parse_error" for a call that could not be run
+    status: str  # an ExecResult status, or "parse_error" for a call that could not be run
     latency_s: float
     detail: str = ""
 
@@ -72,10 +75,10 @@ class Trajectory:
     request_id: str
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
-    response_mask: list[int] = field(default_factory=list)   # 1: model token, 0: tool-response token
-    log_probs: list[float] = field(default_factory=list)     # sampling log-prob (0.0 on tool tokens)
-    entropies: list[float] = field(default_factory=list)     # per-token entropy (0.0 on tool tokens)
-    turns: int = 0                                           # assistant turns
+    response_mask: list[int] = field(default_factory=list)  # 1: model token, 0: tool-response token
+    log_probs: list[float] = field(default_factory=list)  # sampling log-prob (0.0 on tool tokens)
+    entropies: list[float] = field(default_factory=list)  # per-token entropy (0.0 on tool tokens)
+    turns: int = 0  # assistant turns
     tool_calls: list[ToolRecord] = field(default_factory=list)
     finish_reason: str = ""
     response_text: str = ""
@@ -99,19 +102,44 @@ class Trajectory:
     def num_answers(self) -> int:
         return self.response_text.count("<answer>")
 
-    def to_record(self, *, problem_id: str, group_id: str, sample_index: int, stage: str, policy_step: int,
-                  prompt_text: str, reward: float, answer: str | None) -> dict:
+    def to_record(
+        self,
+        *,
+        problem_id: str,
+        group_id: str,
+        sample_index: int,
+        stage: str,
+        policy_step: int,
+        prompt_text: str,
+        reward: float,
+        answer: str | None,
+    ) -> dict:
         """A row of the trajectories schema (rstar.data.schema)."""
         return {
-            "problem_id": problem_id, "group_id": group_id, "sample_index": sample_index, "stage": stage,
-            "policy_step": policy_step, "prompt_text": prompt_text, "response_text": self.response_text,
-            "prompt_ids": self.prompt_ids, "response_ids": self.response_ids, "response_mask": self.response_mask,
-            "log_probs": self.log_probs, "entropies": self.entropies, "reward": reward, "answer": answer,
-            "finish_reason": self.finish_reason, "turns": self.turns, "num_answers": self.num_answers,
-            "num_tool_calls": len(self.tool_calls), "num_tool_errors": self.num_tool_errors,
+            "problem_id": problem_id,
+            "group_id": group_id,
+            "sample_index": sample_index,
+            "stage": stage,
+            "policy_step": policy_step,
+            "prompt_text": prompt_text,
+            "response_text": self.response_text,
+            "prompt_ids": self.prompt_ids,
+            "response_ids": self.response_ids,
+            "response_mask": self.response_mask,
+            "log_probs": self.log_probs,
+            "entropies": self.entropies,
+            "reward": reward,
+            "answer": answer,
+            "finish_reason": self.finish_reason,
+            "turns": self.turns,
+            "num_answers": self.num_answers,
+            "num_tool_calls": len(self.tool_calls),
+            "num_tool_errors": self.num_tool_errors,
             "tool_calls": json.dumps([asdict(c) for c in self.tool_calls]),
-            "prompt_len": len(self.prompt_ids), "response_len": len(self.response_ids),
-            "generate_s": self.generate_s, "tool_s": self.tool_s,
+            "prompt_len": len(self.prompt_ids),
+            "response_len": len(self.response_ids),
+            "generate_s": self.generate_s,
+            "tool_s": self.tool_s,
         }
 
     def _append(self, ids: list[int], model: bool, log_probs=None, entropies=None) -> None:
@@ -127,11 +155,16 @@ def tool_response(res: ExecResult, tokenizer, max_tokens: int) -> str:
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) <= max_tokens:
         return text
-    return tokenizer.decode(ids[:max_tokens]) + f"\n... [tool response truncated: {len(ids) - max_tokens} more tokens]"
+    return (
+        tokenizer.decode(ids[:max_tokens])
+        + f"\n... [tool response truncated: {len(ids) - max_tokens} more tokens]"
+    )
 
 
 class AgentLoop:
-    def __init__(self, engine: Engine, tokenizer, sandbox: Sandbox, cfg: LoopConfig | None = None) -> None:
+    def __init__(
+        self, engine: Engine, tokenizer, sandbox: Sandbox, cfg: LoopConfig | None = None
+    ) -> None:
         self.engine, self.tok, self.sandbox = engine, tokenizer, sandbox
         self.cfg = cfg or LoopConfig()
         self.stop_ids = [tokenizer.convert_tokens_to_ids(IM_END)]
@@ -140,8 +173,9 @@ class AgentLoop:
 
     def prompt_ids(self, problem: str) -> list[int]:
         style = STYLES[self.cfg.prompt_style]
-        text = self.tok.apply_chat_template(style.messages(problem), tools=style.tools, tokenize=False,
-                                            add_generation_prompt=True)
+        text = self.tok.apply_chat_template(
+            style.messages(problem), tools=style.tools, tokenize=False, add_generation_prompt=True
+        )
         return self.tok.encode(text, add_special_tokens=False)
 
     async def run(self, problem: str, request_id: str) -> Trajectory:
@@ -155,9 +189,15 @@ class AgentLoop:
                 break
             start = time.monotonic()
             gen = await self.engine.generate(
-                f"{request_id}/{turn}", traj.prompt_ids + traj.response_ids,
-                {"max_tokens": budget, "temperature": cfg.temperature, "top_p": cfg.top_p,
-                 "stop_token_ids": self.stop_ids})
+                f"{request_id}/{turn}",
+                traj.prompt_ids + traj.response_ids,
+                {
+                    "max_tokens": budget,
+                    "temperature": cfg.temperature,
+                    "top_p": cfg.top_p,
+                    "stop_token_ids": self.stop_ids,
+                },
+            )
             traj.generate_s += time.monotonic() - start
             traj.turns = turn
             traj._append(gen.token_ids, True, gen.log_probs, gen.entropies)
@@ -188,8 +228,14 @@ class AgentLoop:
         """Run a turn's calls concurrently; unusable calls answer with their parse error."""
         runnable = [c for c in calls if c.error is None]
         start = time.monotonic()
-        results = iter(await self.sandbox.run_many(
-            [ExecRequest(c.arguments["code"], c.arguments["input"], self.cfg.tool_timeout_s) for c in runnable]))
+        results = iter(
+            await self.sandbox.run_many(
+                [
+                    ExecRequest(c.arguments["code"], c.arguments["input"], self.cfg.tool_timeout_s)
+                    for c in runnable
+                ]
+            )
+        )
         traj.tool_s += time.monotonic() - start
         responses = []
         for call in calls:
@@ -198,7 +244,9 @@ class AgentLoop:
                 responses.append(call.error)
                 continue
             res: ExecResult = next(results)
-            traj.tool_calls.append(ToolRecord(turn, call.arguments["code"], res.status.value, res.wall_s, res.reason))
+            traj.tool_calls.append(
+                ToolRecord(turn, call.arguments["code"], res.status.value, res.wall_s, res.reason)
+            )
             responses.append(tool_response(res, self.tok, self.cfg.max_tool_response_tokens))
         return responses
 

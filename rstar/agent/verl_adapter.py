@@ -13,12 +13,18 @@ The loop reads its settings from the `rstar` section of verl's config (written b
 `rstar.train.verl_launcher`): sandbox_url, max_turns, prompt_style, max_tool_response_tokens,
 tool_timeout_s.
 """
+
 from __future__ import annotations
 
 from typing import Any
 from uuid import uuid4
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    register,
+)
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
@@ -36,29 +42,53 @@ class ServerManagerEngine:
     def __init__(self, server_manager) -> None:
         self.server_manager = server_manager
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation:
-        out = await self.server_manager.generate(request_id=rollout_of(request_id), prompt_ids=prompt_ids,
-                                                 sampling_params={**sampling_params, "logprobs": True})
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: dict
+    ) -> Generation:
+        out = await self.server_manager.generate(
+            request_id=rollout_of(request_id),
+            prompt_ids=prompt_ids,
+            sampling_params={**sampling_params, "logprobs": True},
+        )
         ids = list(out.token_ids)
         if out.stop_reason == "aborted":
             stop = "aborted"
-        elif len(ids) >= sampling_params["max_tokens"] and ids[-1:] != sampling_params.get("stop_token_ids", [])[:1]:
+        elif (
+            len(ids) >= sampling_params["max_tokens"]
+            and ids[-1:] != sampling_params.get("stop_token_ids", [])[:1]
+        ):
             stop = "length"
         else:
             stop = "stop"
-        return Generation(ids, list(out.log_probs) if out.log_probs is not None else [0.0] * len(ids), None, stop)
+        return Generation(
+            ids, list(out.log_probs) if out.log_probs is not None else [0.0] * len(ids), None, stop
+        )
 
 
-async def engine_token_output(engine, request_id: str, prompt_ids: list[int], sampling_params: dict,
-                              max_tokens: int, **extra_fields):
+async def engine_token_output(
+    engine,
+    request_id: str,
+    prompt_ids: list[int],
+    sampling_params: dict,
+    max_tokens: int,
+    **extra_fields,
+):
     """What verl's rollout servers answer to `generate` (a TokenOutput), from one of this
     project's engines (the HF engine as a verl replica on CPU; the peers bench)."""
     from verl.workers.rollout.replica import TokenOutput
 
-    params = {k: sampling_params[k] for k in ("temperature", "top_p", "stop_token_ids") if k in sampling_params}
+    params = {
+        k: sampling_params[k]
+        for k in ("temperature", "top_p", "stop_token_ids")
+        if k in sampling_params
+    }
     gen = await engine.generate(request_id, prompt_ids, {**params, "max_tokens": max_tokens})
-    return TokenOutput(token_ids=gen.token_ids, log_probs=gen.log_probs, stop_reason="completed",
-                       extra_fields=extra_fields)
+    return TokenOutput(
+        token_ids=gen.token_ids,
+        log_probs=gen.log_probs,
+        stop_reason="completed",
+        extra_fields=extra_fields,
+    )
 
 
 _clients: dict[str, SandboxClient] = {}
@@ -81,28 +111,46 @@ class RStarAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         rcfg = self.config.get("rstar", {})
         response_length = self.rollout_config.response_length
-        cfg = LoopConfig(max_turns=rcfg.get("max_turns", 10), max_response_tokens=response_length,
-                         max_tool_response_tokens=rcfg.get("max_tool_response_tokens", 1024),
-                         temperature=sampling_params.get("temperature", 1.0), top_p=sampling_params.get("top_p", 1.0),
-                         tool_timeout_s=rcfg.get("tool_timeout_s", 10.0), prompt_style=rcfg.get("prompt_style", "paper"))
+        cfg = LoopConfig(
+            max_turns=rcfg.get("max_turns", 10),
+            max_response_tokens=response_length,
+            max_tool_response_tokens=rcfg.get("max_tool_response_tokens", 1024),
+            temperature=sampling_params.get("temperature", 1.0),
+            top_p=sampling_params.get("top_p", 1.0),
+            tool_timeout_s=rcfg.get("tool_timeout_s", 10.0),
+            prompt_style=rcfg.get("prompt_style", "paper"),
+        )
         sandbox = await sandbox_client(rcfg["sandbox_url"])
         loop = AgentLoop(ServerManagerEngine(self.server_manager), self.tokenizer, sandbox, cfg)
         extra = kwargs.get("extra_info") or {}
         traj = await loop.run(extra["problem"], uuid4().hex)
-        if len(traj.prompt_ids) > self.rollout_config.prompt_length:  # verl pads prompts to this width, never cuts
-            raise ValueError(f"problem {extra.get('problem_id')}: its prompt has {len(traj.prompt_ids)} tokens, more "
-                             f"than rollout.prompt_length={self.rollout_config.prompt_length}")
+        if (
+            len(traj.prompt_ids) > self.rollout_config.prompt_length
+        ):  # verl pads prompts to this width, never cuts
+            raise ValueError(
+                f"problem {extra.get('problem_id')}: its prompt has {len(traj.prompt_ids)} tokens, "
+                "more "
+                f"than rollout.prompt_length={self.rollout_config.prompt_length}"
+            )
         return AgentLoopOutput(
-            prompt_ids=traj.prompt_ids, response_ids=traj.response_ids[:response_length],
-            response_mask=traj.response_mask[:response_length], response_logprobs=traj.log_probs[:response_length],
+            prompt_ids=traj.prompt_ids,
+            response_ids=traj.response_ids[:response_length],
+            response_mask=traj.response_mask[:response_length],
+            response_logprobs=traj.log_probs[:response_length],
             num_turns=2 * traj.turns + 1,
             # answer-only, scored here (verl then skips its reward workers): truncated -> 0
             reward_score=reward_of(traj, kwargs.get("reward_model")),
             metrics=AgentLoopMetrics(generate_sequences=traj.generate_s, tool_calls=traj.tool_s),
-            extra_fields={"rstar_finish_reason": traj.finish_reason, "rstar_turns": traj.turns,
-                          "rstar_num_answers": traj.num_answers, "rstar_num_tool_calls": len(traj.tool_calls),
-                          "rstar_num_tool_errors": traj.num_tool_errors,
-                          "rstar_num_sandbox_failures": traj.num_sandbox_failures, "rstar_truncated": traj.truncated})
+            extra_fields={
+                "rstar_finish_reason": traj.finish_reason,
+                "rstar_turns": traj.turns,
+                "rstar_num_answers": traj.num_answers,
+                "rstar_num_tool_calls": len(traj.tool_calls),
+                "rstar_num_tool_errors": traj.num_tool_errors,
+                "rstar_num_sandbox_failures": traj.num_sandbox_failures,
+                "rstar_truncated": traj.truncated,
+            },
+        )
 
 
 def reward_of(traj, reward_model: dict | None) -> float | None:
@@ -114,22 +162,39 @@ def reward_of(traj, reward_model: dict | None) -> float | None:
 
 
 class SandboxTool(BaseTool):
-    """execute_python_code_with_standard_io for verl's ToolAgentLoop. Config: sandbox_url, timeout_s."""
+    """execute_python_code_with_standard_io for verl's ToolAgentLoop. Config: sandbox_url,
+    timeout_s."""
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
-        super().__init__(config, tool_schema or OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA))
+        super().__init__(
+            config, tool_schema or OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA)
+        )
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs
+    ) -> tuple[ToolResponse, float, dict]:
         code, stdin = parameters.get("code"), parameters.get("input", "")
         if not isinstance(code, str) or not isinstance(stdin, str):
-            return ToolResponse(text="Invalid arguments: \"code\" and \"input\" must be strings."), 0.0, \
-                {"status": "parse_error"}
+            return (
+                ToolResponse(text='Invalid arguments: "code" and "input" must be strings.'),
+                0.0,
+                {"status": "parse_error"},
+            )
         client = await sandbox_client(self.config["sandbox_url"])
         res = await client.run(code, stdin, timeout_s=self.config.get("timeout_s"))
-        return ToolResponse(text=res.tool_text()), 0.0, {"status": res.status.value, "latency_s": res.wall_s}
+        return (
+            ToolResponse(text=res.tool_text()),
+            0.0,
+            {"status": res.status.value, "latency_s": res.wall_s},
+        )
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
-                  **kwargs) -> float:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None, **kwargs
+) -> float:
     """verl's custom_reward_function signature; truncated rollouts (extra_info) score 0."""
-    return score(solution_str, str(ground_truth), truncated=bool((extra_info or {}).get("rstar_truncated", False)))
+    return score(
+        solution_str,
+        str(ground_truth),
+        truncated=bool((extra_info or {}).get("rstar_truncated", False)),
+    )

@@ -5,6 +5,7 @@ are masked out), no KL term, no entropy bonus.
 
 verl is imported where it is used: `import verl` takes ~10 s, and the recipe's schema imports
 this module's trainer, so a recipe check would otherwise wait for it."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,26 +13,54 @@ import torch
 from omegaconf import OmegaConf
 
 
-def grpo_advantages(rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: list[str]) -> torch.Tensor:
+def grpo_advantages(
+    rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: list[str]
+) -> torch.Tensor:
     """rewards: (batch,), response_mask: (batch, T) -> advantages (batch, T), zero off the mask."""
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     token_rewards = torch.zeros_like(response_mask, dtype=torch.float32)
-    token_rewards[:, 0] = rewards.float()  # an outcome reward: verl sums each row, the position is moot
-    adv, _ = compute_grpo_outcome_advantage(token_rewards, response_mask.float(), np.array(group_ids))
+    token_rewards[:, 0] = (
+        rewards.float()
+    )  # an outcome reward: verl sums each row, the position is moot
+    adv, _ = compute_grpo_outcome_advantage(
+        token_rewards, response_mask.float(), np.array(group_ids)
+    )
     return adv
 
 
-def policy_loss(old_log_probs: torch.Tensor, log_probs: torch.Tensor, advantages: torch.Tensor,
-                response_mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.28,
-                batch_num_tokens: int | None = None) -> tuple[torch.Tensor, dict]:
+def policy_loss(
+    old_log_probs: torch.Tensor,
+    log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    batch_num_tokens: int | None = None,
+) -> tuple[torch.Tensor, dict]:
     """Clipped surrogate, token-mean over the mask. `batch_num_tokens`: the whole batch's token
     count when the loss is computed in micro-batches (so accumulation gives the batch mean)."""
     from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
 
-    cfg = OmegaConf.create({"clip_ratio": clip_low, "clip_ratio_low": clip_low, "clip_ratio_high": clip_high,
-                            "clip_ratio_c": 3.0,
-                            "global_batch_info": {"batch_num_tokens": batch_num_tokens} if batch_num_tokens else {}})
-    loss, metrics = compute_policy_loss_vanilla(old_log_probs, log_probs, advantages, response_mask.float(),
-                                                loss_agg_mode="token-mean", config=cfg)
-    return loss, {"clip_fraction": metrics["actor/pg_clipfrac"], "approx_kl": metrics["actor/ppo_kl"]}
+    cfg = OmegaConf.create(
+        {
+            "clip_ratio": clip_low,
+            "clip_ratio_low": clip_low,
+            "clip_ratio_high": clip_high,
+            "clip_ratio_c": 3.0,
+            "global_batch_info": {"batch_num_tokens": batch_num_tokens} if batch_num_tokens else {},
+        }
+    )
+    loss, metrics = compute_policy_loss_vanilla(
+        old_log_probs,
+        log_probs,
+        advantages,
+        response_mask.float(),
+        loss_agg_mode="token-mean",
+        config=cfg,
+    )
+    return loss, {
+        "clip_fraction": metrics["actor/pg_clipfrac"],
+        "approx_kl": metrics["actor/ppo_kl"],
+    }

@@ -20,6 +20,7 @@ Penalties: p_err = erroneous tool calls / tool calls (parse errors, errors, time
 where turns counts assistant turns (a lone answer without tools: 0). `released_penalties`
 counts a call as an error when its response mentions "error", and the turn count off by one.
 """
+
 from __future__ import annotations
 
 import math
@@ -67,10 +68,12 @@ class Sample:
 
 @dataclass
 class RoCConfig:
-    __pydantic_config__ = {"extra": "forbid"}  # a recipe (rstar.pipeline.config) may not add unknown keys
-    mode: str = "roc"          # "roc" (paper), "released" (public code), "grpo" (keep all)
-    group_size: int = 16       # G: rollouts kept per prompt (2G are sampled for roc/released)
-    min_each: int = 2          # released: at least this many of each kind when available
+    __pydantic_config__ = {
+        "extra": "forbid"
+    }  # a recipe (rstar.pipeline.config) may not add unknown keys
+    mode: str = "roc"  # "roc" (paper), "released" (public code), "grpo" (keep all)
+    group_size: int = 16  # G: rollouts kept per prompt (2G are sampled for roc/released)
+    min_each: int = 2  # released: at least this many of each kind when available
 
     def __post_init__(self) -> None:
         if self.mode not in ("roc", "released", "grpo"):
@@ -81,7 +84,9 @@ class RoCConfig:
         return 1 if self.mode == "grpo" else 2
 
 
-def _weighted_without_replacement(items: list[int], weights: list[float], k: int, rng: random.Random) -> list[int]:
+def _weighted_without_replacement(
+    items: list[int], weights: list[float], k: int, rng: random.Random
+) -> list[int]:
     # Efraimidis-Spirakis: the k largest u^(1/w) are a weighted sample without replacement
     keyed = sorted(items, key=lambda i: rng.random() ** (1.0 / weights[i]), reverse=True)
     return keyed[:k]
@@ -117,6 +122,7 @@ def select(group: list[Sample], cfg: RoCConfig, rng: random.Random) -> list[int]
 @dataclass(frozen=True)
 class Rollout:
     """What RoC reads of one rollout: its prompt group, reward and the penalty counts."""
+
     group: str
     reward: float
     num_tool_calls: int
@@ -125,8 +131,11 @@ class Rollout:
     turns: int
 
     def sample(self) -> Sample:
-        return Sample(self.reward, p_err(self.num_tool_calls, self.num_tool_errors),
-                      p_format(self.num_answers, self.turns))
+        return Sample(
+            self.reward,
+            p_err(self.num_tool_calls, self.num_tool_errors),
+            p_format(self.num_answers, self.turns),
+        )
 
 
 def keep_indices(rollouts: list[Rollout], cfg: RoCConfig, rng: random.Random) -> list[int]:

@@ -5,22 +5,37 @@ The pipeline's commands (`rstar pipeline run|plan|reevaluate`, `rstar serve`, `r
 bench-recipe`) run Prefect flows, which sit above this library; flows/cli.py adds them to this
 `app`, and the installed `rstar` command is that whole command line.
 """
+
 from __future__ import annotations
 
 import typer
 
 from rstar.cli import bench, data, evaluation, model, reward, rollout, sandbox
 
-app = typer.Typer(help="rstar: agentic RL for math reasoning, as a pipeline people can run.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
-_options = {"debug": False, "log_level": "INFO"}  # set by the callback, read by main() and the commands
+app = typer.Typer(
+    help="rstar: agentic RL for math reasoning, as a pipeline people can run.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+_options = {
+    "debug": False,
+    "log_level": "INFO",
+}  # set by the callback, read by main() and the commands
 
 
 @app.callback()
-def _global_options(debug: bool = typer.Option(False, "--debug", help="Show the traceback of an error in a file, "
-                                                                      "recipe or setting instead of one line."),
-                    log_level: str = typer.Option("INFO", "--log-level", help="rstar's log lines at this level and "
-                                                                             "above (DEBUG, INFO, WARNING).")) -> None:
+def _global_options(
+    debug: bool = typer.Option(
+        False,
+        "--debug",
+        help="Show the traceback of an error in a file, recipe or setting instead of one line.",
+    ),
+    log_level: str = typer.Option(
+        "INFO",
+        "--log-level",
+        help="rstar's log lines at this level and above (DEBUG, INFO, WARNING).",
+    ),
+) -> None:
     from rstar.logs import configure
 
     _options.update(debug=debug, log_level=log_level.upper())

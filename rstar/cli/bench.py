@@ -1,35 +1,48 @@
 """Benchmarks of the library with a command of their own: `rstar bench-scheduler` (the static
 split against the KV-aware balanced scheduler) and `rstar bench-peers` (the project against what
 people would pick instead, on the same work). Each writes its section of docs/benchmarks.md."""
+
 from __future__ import annotations
 
 import typer
 
 
-def bench_peers_command(config: str = typer.Option("configs/tiny.yaml"),
-                        steps: int = typer.Option(20, min=2, help="RL steps each side trains per seed."),
-                        seeds: int = typer.Option(2, min=1),
-                        root: str = typer.Option(None, help="Storage root of a finished run of the recipe (default: "
-                                                            "the recipe's): its SFT checkpoint and problems."),
-                        code_judge: str = typer.Option(None, help="A code-judge checkout (github.com/0xWJ/code-judge) "
-                                                                  "to measure the sandbox against; without it, "
-                                                                  "only this project's sandbox is measured."),
-                        out: str = typer.Option("docs/benchmarks.md"),
-                        png: str = typer.Option("docs/peers.png")) -> None:
-    """The local RL trainer against TRL's GRPOTrainer, and the sandbox against code-judge, on the same
-    work -> docs/benchmarks.md."""
+def bench_peers_command(
+    config: str = typer.Option("configs/tiny.yaml"),
+    steps: int = typer.Option(20, min=2, help="RL steps each side trains per seed."),
+    seeds: int = typer.Option(2, min=1),
+    root: str = typer.Option(
+        None,
+        help="Storage root of a finished run of the recipe (default: "
+        "the recipe's): its SFT checkpoint and problems.",
+    ),
+    code_judge: str = typer.Option(
+        None,
+        help="A code-judge checkout (github.com/0xWJ/code-judge) "
+        "to measure the sandbox against; without it, only this project's sandbox is measured.",
+    ),
+    out: str = typer.Option("docs/benchmarks.md"),
+    png: str = typer.Option("docs/peers.png"),
+) -> None:
+    """The local RL trainer against TRL's GRPOTrainer, and the sandbox against code-judge, on the
+    same work -> docs/benchmarks.md."""
     from rstar.peers.bench import run_peer_benchmark
 
     run_peer_benchmark(config, steps, seeds, root, out, png, code_judge)
 
 
 def bench_scheduler_command(
-    model: str = typer.Option(..., help="Tiny model directory (HF format) to calibrate and run replicas."),
+    model: str = typer.Option(
+        ..., help="Tiny model directory (HF format) to calibrate and run replicas."
+    ),
     out: str = typer.Option("docs/benchmarks.md"),
-    rollouts_per_replica: int = typer.Option(256, help="the paper: 512 prompts x 32 samples on 64 GPUs"),
+    rollouts_per_replica: int = typer.Option(
+        256, help="the paper: 512 prompts x 32 samples on 64 GPUs"
+    ),
     real_rollouts: int = typer.Option(24),
 ) -> None:
-    """Static split vs KV-aware balanced scheduling: calibrated simulation and a real 2-replica run."""
+    """Static split vs KV-aware balanced scheduling: calibrated simulation and a real 2-replica
+    run."""
     from rstar.rollout.bench import run_scheduler_benchmark
 
     run_scheduler_benchmark(model, out, rollouts_per_replica, real_rollouts)

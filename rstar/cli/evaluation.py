@@ -1,4 +1,5 @@
 """`rstar eval`: evaluate checkpoints on benchmarks with the paper's protocol."""
+
 from __future__ import annotations
 
 import json
@@ -11,17 +12,28 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 def eval_command(
     model: list[str] = typer.Option(..., help="NAME=DIR of a checkpoint to evaluate (repeatable)."),
-    bench: list[str] = typer.Option(..., help="NAME[=FILE]: a benchmark (aime24, aime25, hmmt25, math500, "
-                                              "gpqa_diamond) from its hub name or a local file, or "
-                                              "problems=FILE for a problems-schema Parquet (repeatable)."),
-    out: str = typer.Option(..., help="Directory for per-sample Parquet, summary JSON and the markdown table."),
-    k: int = typer.Option(16), temperature: float = typer.Option(0.6),
-    max_response_tokens: int = typer.Option(30_000), max_turns: int = typer.Option(30),
+    bench: list[str] = typer.Option(
+        ...,
+        help="NAME[=FILE]: a benchmark (aime24, aime25, hmmt25, math500, "
+        "gpqa_diamond) from its hub name or a local file, or problems=FILE for a problems-schema "
+        "Parquet (repeatable).",
+    ),
+    out: str = typer.Option(
+        ..., help="Directory for per-sample Parquet, summary JSON and the markdown table."
+    ),
+    k: int = typer.Option(16),
+    temperature: float = typer.Option(0.6),
+    max_response_tokens: int = typer.Option(30_000),
+    max_turns: int = typer.Option(30),
     limit: int = typer.Option(0, help="Only the first N questions of each benchmark (0: all)."),
-    prompt_style: str = typer.Option(None, help="paper | compact. Default: the style each checkpoint was trained "
-                                                "with (stored beside it by the pipeline), else paper."),
+    prompt_style: str = typer.Option(
+        None,
+        help="paper | compact. Default: the style each checkpoint was trained "
+        "with (stored beside it by the pipeline), else paper.",
+    ),
 ) -> None:
-    """k samples per question; avg pass@1, pass@k, majority vote, lengths, tool use per benchmark."""
+    """k samples per question; avg pass@1, pass@k, majority vote, lengths, tool use per
+    benchmark."""
     from rstar.agent.format import saved_style
     from rstar.data.io import read_table, write_json, write_table
     from rstar.eval.benchmarks import load_benchmark
@@ -29,28 +41,49 @@ def eval_command(
     from rstar.eval.run import EvalConfig, evaluate_model, markdown_table
 
     console = Console()
-    for spec in model:  # every model first, so a typo fails in a second, not after the benchmarks load
+    for (
+        spec
+    ) in model:  # every model first, so a typo fails in a second, not after the benchmarks load
         name, _, path = spec.partition("=")
         if not name or not path:
             raise typer.BadParameter(f"{spec!r}: expected NAME=DIR", param_hint="--model")
         if not (os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json"))):
-            raise typer.BadParameter(f"{name}: {path} is not a model directory (no config.json there)",
-                                     param_hint="--model")
+            raise typer.BadParameter(
+                f"{name}: {path} is not a model directory (no config.json there)",
+                param_hint="--model",
+            )
     problems = []
     for spec in bench:
         name, _, source = spec.partition("=")
-        rows = read_table(source, "problems").to_pylist() if name == "problems" else load_benchmark(name, source or None)
+        rows = (
+            read_table(source, "problems").to_pylist()
+            if name == "problems"
+            else load_benchmark(name, source or None)
+        )
         problems += rows[:limit] if limit else rows
-    cfg = EvalConfig(k=k, temperature=temperature, max_response_tokens=max_response_tokens, max_turns=max_turns)
+    cfg = EvalConfig(
+        k=k, temperature=temperature, max_response_tokens=max_response_tokens, max_turns=max_turns
+    )
     summaries = {}
     for spec in model:
         name, _, path = spec.partition("=")
-        with Progress(TextColumn(f"eval {name}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as bar:
+        with Progress(
+            TextColumn(f"eval {name}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        ) as bar:
             task = bar.add_task("", total=len(problems) * k)
             style = prompt_style or saved_style(path) or "paper"
-            records, summaries[name] = evaluate_model(path, problems, cfg, prompt_style=style, name=name,
-                                                      progress=lambda n: bar.advance(task, n))
+            records, summaries[name] = evaluate_model(
+                path,
+                problems,
+                cfg,
+                prompt_style=style,
+                name=name,
+                progress=lambda n, task=task: bar.advance(task, n),
+            )
         write_table(records, os.path.join(out, f"{name}.samples.parquet"), "trajectories")
     write_json(summaries, os.path.join(out, "summary.json"))
     paths = write_report(summaries, k, out)

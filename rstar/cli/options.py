@@ -1,4 +1,5 @@
 """Options more than one command takes."""
+
 from __future__ import annotations
 
 import typer

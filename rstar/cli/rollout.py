@@ -1,4 +1,5 @@
 """`rstar rollout`: sample k rollouts per problem from a checkpoint and write them as Parquet."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,19 +12,32 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 def rollout_command(
-    model: str = typer.Option(..., help="Checkpoint directory (Hugging Face format, with its tokenizer)."),
+    model: str = typer.Option(
+        ..., help="Checkpoint directory (Hugging Face format, with its tokenizer)."
+    ),
     problems: str = typer.Option(..., help="Problems Parquet (problems schema)."),
     out: str = typer.Option(..., help="Trajectories Parquet to write."),
     k: int = typer.Option(8, help="Rollouts per problem."),
     limit: int = typer.Option(0, help="Use only the first N problems (0: all)."),
-    max_turns: int = typer.Option(10), max_response_tokens: int = typer.Option(1024),
-    temperature: float = typer.Option(1.0), max_batch: int = typer.Option(64),
-    sandbox: str = typer.Option("", help="URL of a sandbox service (default: executors in this process)."),
+    max_turns: int = typer.Option(10),
+    max_response_tokens: int = typer.Option(1024),
+    temperature: float = typer.Option(1.0),
+    max_batch: int = typer.Option(64),
+    sandbox: str = typer.Option(
+        "", help="URL of a sandbox service (default: executors in this process)."
+    ),
     seed: int = typer.Option(0),
-    engine: str = typer.Option("hf", help="hf (transformers, CPU or one GPU) or vllm (one GPU per replica)."),
-    replicas: int = typer.Option(1, help="Engine replicas. Above 1, each is a Ray actor (a local Ray, or the "
-                                         "cluster at RAY_ADDRESS) and --scheduler spreads the rollouts."),
-    scheduler: str = typer.Option("balanced", help="balanced (one queue, by free KV cache) or static (equal split)."),
+    engine: str = typer.Option(
+        "hf", help="hf (transformers, CPU or one GPU) or vllm (one GPU per replica)."
+    ),
+    replicas: int = typer.Option(
+        1,
+        help="Engine replicas. Above 1, each is a Ray actor (a local Ray, or the "
+        "cluster at RAY_ADDRESS) and --scheduler spreads the rollouts.",
+    ),
+    scheduler: str = typer.Option(
+        "balanced", help="balanced (one queue, by free KV cache) or static (equal split)."
+    ),
 ) -> None:
     """Sample rollouts through the agent loop and the local engine; print a summary."""
     from rstar.agent.loop import LoopConfig
@@ -40,18 +54,36 @@ def rollout_command(
     console = Console()
     rows = read_table(problems, "problems").to_pylist()
     rows = rows[:limit] if limit else rows
-    cfg = LoopConfig(max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature)
+    cfg = LoopConfig(
+        max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature
+    )
     actors = replicas if replicas > 1 else 0  # one engine runs in this process
 
     async def main():
-        async with open_agent_loop(model, cfg, replicas=actors, kind=engine, scheduler=scheduler, seed=seed,
-                                   max_batch=max_batch, replica_cpus=1, sandbox_url=sandbox or None) as loop:
-            with Progress(TextColumn("rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          console=console) as bar:
+        async with open_agent_loop(
+            model,
+            cfg,
+            replicas=actors,
+            kind=engine,
+            scheduler=scheduler,
+            seed=seed,
+            max_batch=max_batch,
+            replica_cpus=1,
+            sandbox_url=sandbox or None,
+        ) as loop:
+            with Progress(
+                TextColumn("rollouts"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+            ) as bar:
                 task = bar.add_task("", total=len(rows) * k)
                 records = await rollout(loop, rows, k, progress=lambda n: bar.advance(task, n))
             if actors:
-                console.print(f"{scheduler} scheduler, requests served per replica: {loop.engine.served}")
+                console.print(
+                    f"{scheduler} scheduler, requests served per replica: {loop.engine.served}"
+                )
         return records
 
     start = time.monotonic()

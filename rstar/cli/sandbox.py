@@ -1,4 +1,5 @@
 """`rstar sandbox ...`: the isolated Python sandbox that runs the model's tool calls."""
+
 from __future__ import annotations
 
 import asyncio
@@ -6,11 +7,19 @@ import logging
 
 import typer
 
-app = typer.Typer(help="The isolated Python sandbox that runs the model's tool calls.", no_args_is_help=True)
+app = typer.Typer(
+    help="The isolated Python sandbox that runs the model's tool calls.", no_args_is_help=True
+)
 
 
-def _sandbox_config(executors: int | None, slots: int | None, uid_base: int | None, timeout_s: float | None,
-                    batch_size: int | None = None, config: str | None = None):
+def _sandbox_config(
+    executors: int | None,
+    slots: int | None,
+    uid_base: int | None,
+    timeout_s: float | None,
+    batch_size: int | None = None,
+    config: str | None = None,
+):
     from rstar.sandbox.config import SandboxConfig
 
     cfg = SandboxConfig.from_yaml(config) if config else SandboxConfig()
@@ -29,34 +38,57 @@ def _sandbox_config(executors: int | None, slots: int | None, uid_base: int | No
 
 @app.command()
 def serve(
-    host: str = typer.Option("127.0.0.1", help="Address to bind (keep loopback unless behind a firewall)."),
+    host: str = typer.Option(
+        "127.0.0.1", help="Address to bind (keep loopback unless behind a firewall)."
+    ),
     port: int = typer.Option(8080),
-    config: str = typer.Option(None, help="YAML file of sandbox settings (see configs/sandbox.yaml)."),
-    executors: int = typer.Option(None, help="Executors per flavour (lean and warm); default: CPU count."),
+    config: str = typer.Option(
+        None, help="YAML file of sandbox settings (see configs/sandbox.yaml)."
+    ),
+    executors: int = typer.Option(
+        None, help="Executors per flavour (lean and warm); default: CPU count."
+    ),
     slots: int = typer.Option(None, help="Concurrent calls per executor."),
-    uid_base: int = typer.Option(None, help="First uid for calls; give each node on one host its own range."),
+    uid_base: int = typer.Option(
+        None, help="First uid for calls; give each node on one host its own range."
+    ),
     timeout_s: float = typer.Option(None, help="Default wall-clock limit per call."),
     batch_size: int = typer.Option(None, help="Calls per batch sent to a node."),
     worker: list[str] = typer.Option([], help="URL of a worker node to dispatch to (repeatable)."),
     join: str = typer.Option(None, help="URL of a head service to register with as a worker node."),
-    local: bool = typer.Option(True, help="Run calls on this machine (--no-local: a head that only dispatches)."),
+    local: bool = typer.Option(
+        True, help="Run calls on this machine (--no-local: a head that only dispatches)."
+    ),
     log_level: str = typer.Option("warning"),
 ) -> None:
     """Serve the sandbox over HTTP: native, code-judge and SandboxFusion APIs."""
     from rstar.sandbox.process import serve as _serve
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _serve(host, port, _sandbox_config(executors, slots, uid_base, timeout_s, batch_size, config), local=local,
-           workers=worker, join=join, log_level=log_level)
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    _serve(
+        host,
+        port,
+        _sandbox_config(executors, slots, uid_base, timeout_s, batch_size, config),
+        local=local,
+        workers=worker,
+        join=join,
+        log_level=log_level,
+    )
 
 
 @app.command()
 def bench(
     trivial_calls: int = typer.Option(4000, help="Calls of print(1+1) through the batch API."),
-    sympy_calls: int = typer.Option(800, help="Calls of a sympy factorisation through the batch API."),
+    sympy_calls: int = typer.Option(
+        800, help="Calls of a sympy factorisation through the batch API."
+    ),
     baseline_calls: int = typer.Option(200, help="Calls for each subprocess-per-call baseline."),
     single_calls: int = typer.Option(300, help="Sequential single calls for the latency figure."),
-    out: str = typer.Option("docs/benchmarks.md", help="Markdown file whose sandbox section is rewritten."),
+    out: str = typer.Option(
+        "docs/benchmarks.md", help="Markdown file whose sandbox section is rewritten."
+    ),
 ) -> None:
     """Measure the service against a subprocess-per-call baseline; write docs/benchmarks.md."""
     from rstar.sandbox.bench import run_benchmarks
@@ -73,9 +105,11 @@ def demo() -> None:
 
 
 @app.command("exec")
-def exec_(code: str = typer.Argument(..., help="Python code; '-' reads standard input."),
-          stdin: str = typer.Option("", help="Text given to the code on its standard input."),
-          timeout_s: float = typer.Option(None)) -> None:
+def exec_(
+    code: str = typer.Argument(..., help="Python code; '-' reads standard input."),
+    stdin: str = typer.Option("", help="Text given to the code on its standard input."),
+    timeout_s: float = typer.Option(None),
+) -> None:
     """Run one snippet in the embedded sandbox and print its result as JSON."""
     import json
     import sys

@@ -1,4 +1,5 @@
 """Reading and writing the project's Parquet files: atomic writes, checked reads."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,11 @@ class DataError(NotRetryable, ValueError):
 def write_table(rows: list[dict] | pa.Table, path: str, schema_name: str) -> str:
     """Write rows as Parquet with the named schema, atomically (a crash leaves the old file or
     none, never half a file)."""
-    table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, schema=schema(schema_name))
+    table = (
+        rows
+        if isinstance(rows, pa.Table)
+        else pa.Table.from_pylist(rows, schema=schema(schema_name))
+    )
     table = table.cast(schema(schema_name))
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
@@ -43,8 +48,10 @@ def read_table(path: str, schema_name: str | tuple[str, ...]) -> pa.Table:
     meta = table.schema.metadata or {}
     found = meta.get(b"rstar.schema", b"").decode()
     if found not in names:
-        raise DataError(f"{path}: expected a {' or '.join(map(repr, names))} file, found "
-                        f"{found or 'no rstar schema'!r}")
+        raise DataError(
+            f"{path}: expected a {' or '.join(map(repr, names))} file, found "
+            f"{found or 'no rstar schema'!r}"
+        )
     version = meta.get(b"rstar.schema_version", b"").decode()
     if version != VERSION:
         raise DataError(f"{path}: schema version {version!r}, this code reads version {VERSION!r}")

@@ -5,6 +5,7 @@ pipeline can mine after any stage. A problem is dropped only when it has at leas
 rollouts and all of them are correct; problems with fewer rollouts stay (not proven easy)
 and are counted in the report.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -25,13 +26,21 @@ class MiningReport:
         return asdict(self)
 
     def format(self) -> str:
-        return (f"{self.problems} problems -> {self.kept} hard (dropped {self.dropped_solved} solved "
-                f"{self.k}/{self.k}; {self.undersampled} kept with fewer than {self.k} rollouts); "
-                f"mean pass rate {self.mean_pass_rate:.3f}")
+        return (
+            f"{self.problems} problems -> {self.kept} hard (dropped {self.dropped_solved} solved "
+            f"{self.k}/{self.k}; {self.undersampled} kept with fewer than {self.k} rollouts); mean "
+            f"pass rate {self.mean_pass_rate:.3f}"
+        )
 
 
-def mine_hard(problems: Iterable[dict], rollouts: Iterable[dict], *, k: int = 8,
-              id_key: str = "problem_id", reward_key: str = "reward") -> tuple[list[dict], MiningReport]:
+def mine_hard(
+    problems: Iterable[dict],
+    rollouts: Iterable[dict],
+    *,
+    k: int = 8,
+    id_key: str = "problem_id",
+    reward_key: str = "reward",
+) -> tuple[list[dict], MiningReport]:
     """`problems`: rows of the problems schema; `rollouts`: records with `id_key` and `reward_key`.
     Returns rows of the hard_problems schema and a report."""
     n = defaultdict(int)
@@ -50,5 +59,7 @@ def mine_hard(problems: Iterable[dict], rollouts: Iterable[dict], *, k: int = 8,
             continue
         under += seen < k
         hard.append({**p, "n_samples": seen, "n_correct": ok, "pass_rate": rate})
-    report = MiningReport(total, len(hard), solved, under, k, sum(rates) / len(rates) if rates else 0.0)
+    report = MiningReport(
+        total, len(hard), solved, under, k, sum(rates) / len(rates) if rates else 0.0
+    )
     return hard, report

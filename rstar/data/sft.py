@@ -4,10 +4,11 @@ following and the <reason>/<answer>/\\boxed{} format, on tasks that are NOT the 
 
 Messages use one neutral, OpenAI-like shape, rendered into the model's chat template later:
     {"role": "user", "content": "..."}
-    {"role": "assistant", "content": "<reason>...</reason>", "tool_calls": [{"name": ..., "arguments": {...}}]}
-    {"role": "tool", "content": "what the sandbox returned"}
-    {"role": "assistant", "content": "<reason>...</reason>\\n<answer>... \\\\boxed{...}</answer>"}
+    {"role": "assistant", "content": "<reason>...</reason>", "tool_calls": [{"name": ...,
+    "arguments": {...}}]} {"role": "tool", "content": "what the sandbox returned"} {"role":
+    "assistant", "content": "<reason>...</reason>\\n<answer>... \\\\boxed{...}</answer>"}
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,8 +24,28 @@ from rstar.sandbox.result import ExecResult, Status
 
 TOOL = "execute_python_code_with_standard_io"
 ROLES = ("system", "user", "assistant", "tool")
-_WORDS = ("river", "lantern", "python", "orbit", "meadow", "crystal", "harbor", "velvet", "summit", "thistle",
-          "compass", "falcon", "glacier", "ember", "quartz", "willow", "cobalt", "saffron", "tundra", "zephyr")
+_WORDS = (
+    "river",
+    "lantern",
+    "python",
+    "orbit",
+    "meadow",
+    "crystal",
+    "harbor",
+    "velvet",
+    "summit",
+    "thistle",
+    "compass",
+    "falcon",
+    "glacier",
+    "ember",
+    "quartz",
+    "willow",
+    "cobalt",
+    "saffron",
+    "tundra",
+    "zephyr",
+)
 
 
 def simulate_tool(code: str, stdin: str = "") -> str:
@@ -43,12 +64,19 @@ def simulate_tool(code: str, stdin: str = "") -> str:
         with contextlib.redirect_stdout(out):
             ns: dict = {"__name__": "__main__"}
             exec(body, ns)
-            value = eval(last, ns) if last is not None else None
-        return ExecResult(status=Status.OK, stdout=out.getvalue(),
-                          value=repr(value) if value is not None else None).tool_text()
+            value = eval(last, ns) if last is not None else None  # noqa: S307 - trusted, generated code
+        return ExecResult(
+            status=Status.OK,
+            stdout=out.getvalue(),
+            value=repr(value) if value is not None else None,
+        ).tool_text()
     except Exception as e:  # noqa: BLE001 - the generated bug is the point of the example
-        return ExecResult(status=Status.ERROR, stdout=out.getvalue(), stderr=runner.trimmed_traceback(e, code),
-                          reason=f"{type(e).__name__}: {e}").tool_text()
+        return ExecResult(
+            status=Status.ERROR,
+            stdout=out.getvalue(),
+            stderr=runner.trimmed_traceback(e, code),
+            reason=f"{type(e).__name__}: {e}",
+        ).tool_text()
     finally:
         sys.stdin = saved_stdin
 
@@ -58,74 +86,110 @@ def _call(code: str, stdin: str = "") -> dict:
 
 
 def _answer(reason: str, value) -> dict:
-    return {"role": "assistant", "content": f"<reason>{reason}</reason>\n<answer>The answer is \\boxed{{{value}}}.</answer>"}
+    return {
+        "role": "assistant",
+        "content": f"<reason>{reason}</reason>\n<answer>The answer is \\boxed{{{value}}}.</answer>",
+    }
 
 
 def _with_tool(task: str, plan: str, code: str, read: str, value) -> list[dict]:
-    return [{"role": "user", "content": task},
-            {"role": "assistant", "content": f"<reason>{plan}</reason>", "tool_calls": [_call(code)]},
-            {"role": "tool", "content": simulate_tool(code)},
-            _answer(read, value)]
+    return [
+        {"role": "user", "content": task},
+        {"role": "assistant", "content": f"<reason>{plan}</reason>", "tool_calls": [_call(code)]},
+        {"role": "tool", "content": simulate_tool(code)},
+        _answer(read, value),
+    ]
 
 
 def _reverse(rng):
     w = rng.choice(_WORDS)
-    return "reverse", _with_tool(f"Reverse the string '{w}'.", "I will reverse it with Python slicing.",
-                                 f"print('{w}'[::-1])", "The tool printed the reversed string.", w[::-1])
+    return "reverse", _with_tool(
+        f"Reverse the string '{w}'.",
+        "I will reverse it with Python slicing.",
+        f"print('{w}'[::-1])",
+        "The tool printed the reversed string.",
+        w[::-1],
+    )
 
 
 def _count_letter(rng):
     s = " ".join(rng.sample(_WORDS, 3))
     c = rng.choice(sorted(set(s.replace(" ", ""))))
-    return "count_letter", _with_tool(f"How many times does the letter '{c}' appear in \"{s}\"?",
-                                      "Counting by hand is error-prone; I will count with Python.",
-                                      f"text = {s!r}\ntext.count({c!r})", "The tool returned the count.", s.count(c))
+    return "count_letter", _with_tool(
+        f"How many times does the letter '{c}' appear in \"{s}\"?",
+        "Counting by hand is error-prone; I will count with Python.",
+        f"text = {s!r}\ntext.count({c!r})",
+        "The tool returned the count.",
+        s.count(c),
+    )
 
 
 def _sort_words(rng):
     ws = rng.sample(_WORDS, 5)
-    return "sort_words", _with_tool(f"Sort these words alphabetically: {', '.join(ws)}.",
-                                    "I will sort them with Python and join them with commas.",
-                                    f"print(', '.join(sorted({ws!r})))", "The tool printed them in order.",
-                                    ", ".join(sorted(ws)))
+    return "sort_words", _with_tool(
+        f"Sort these words alphabetically: {', '.join(ws)}.",
+        "I will sort them with Python and join them with commas.",
+        f"print(', '.join(sorted({ws!r})))",
+        "The tool printed them in order.",
+        ", ".join(sorted(ws)),
+    )
 
 
 def _word_count(rng):
     sentence = " ".join(rng.choices(_WORDS, k=rng.randint(4, 12))).capitalize() + "."
-    return "word_count", _with_tool(f"How many words are in this sentence? \"{sentence}\"",
-                                    "I will split the sentence on whitespace and count the parts.",
-                                    f"print(len({sentence!r}.split()))", "The tool printed the number of words.",
-                                    len(sentence.split()))
+    return "word_count", _with_tool(
+        f'How many words are in this sentence? "{sentence}"',
+        "I will split the sentence on whitespace and count the parts.",
+        f"print(len({sentence!r}.split()))",
+        "The tool printed the number of words.",
+        len(sentence.split()),
+    )
 
 
 def _longest_word(rng):
     ws = rng.sample(_WORDS, 6)
     best = max(ws, key=len)
-    return "longest_word", _with_tool(f"Which is the longest word in this list: {', '.join(ws)}? "
-                                      "If several tie, give the first.", "Python's max with key=len keeps the first.",
-                                      f"words = {ws!r}\nmax(words, key=len)", "The tool returned the word.", best)
+    return "longest_word", _with_tool(
+        f"Which is the longest word in this list: {', '.join(ws)}? If several tie, give the first.",
+        "Python's max with key=len keeps the first.",
+        f"words = {ws!r}\nmax(words, key=len)",
+        "The tool returned the word.",
+        best,
+    )
 
 
-def _with_retry(task: str, plan: str, bad: str, fix: str, good: str, read: str, value) -> list[dict]:
+def _with_retry(
+    task: str, plan: str, bad: str, fix: str, good: str, read: str, value
+) -> list[dict]:
     """`task` answered by a call of `bad` code, its error, the reasoning `fix`, a call of `good`
     code and its output read back."""
-    return [{"role": "user", "content": task},
-            {"role": "assistant", "content": f"<reason>{plan}</reason>", "tool_calls": [_call(bad)]},
-            {"role": "tool", "content": simulate_tool(bad)},
-            {"role": "assistant", "content": f"<reason>{fix}</reason>", "tool_calls": [_call(good)]},
-            {"role": "tool", "content": simulate_tool(good)},
-            _answer(read, value)]
+    return [
+        {"role": "user", "content": task},
+        {"role": "assistant", "content": f"<reason>{plan}</reason>", "tool_calls": [_call(bad)]},
+        {"role": "tool", "content": simulate_tool(bad)},
+        {"role": "assistant", "content": f"<reason>{fix}</reason>", "tool_calls": [_call(good)]},
+        {"role": "tool", "content": simulate_tool(good)},
+        _answer(read, value),
+    ]
 
 
 def _error_recovery(rng):
     w = rng.choice(_WORDS)
     return "error_recovery", _with_retry(
-        f"How many characters does the string '{w}' have?", "I will measure it with Python.",
-        f"print(lenght('{w}'))", "The error says the name is misspelled; len is the right function. "
-        "I will fix the call.", f"print(len('{w}'))", "After fixing the typo the tool printed the length.", len(w))
+        f"How many characters does the string '{w}' have?",
+        "I will measure it with Python.",
+        f"print(lenght('{w}'))",
+        "The error says the name is misspelled; len is the right function. I will fix the call.",
+        f"print(len('{w}'))",
+        "After fixing the typo the tool printed the length.",
+        len(w),
+    )
 
 
-_PRINT_PLAN, _PRINT_READ = "I will print the value of the expression.", "The tool printed the value."
+_PRINT_PLAN, _PRINT_READ = (
+    "I will print the value of the expression.",
+    "The tool printed the value.",
+)
 
 # Slips a first call makes in arithmetic, each a tool error: a misspelt name, a lost or doubled
 # closing parenthesis.
@@ -140,38 +204,73 @@ def _arith_recover(rng):
     notation, code = expression(rng, words=False)
     bad = rng.choice(_SLIPS)(code)
     return "arith_recover", _with_retry(
-        rng.choice(_ASK_ARITH).format(notation), _PRINT_PLAN, bad,
-        "The tool reported an error in my code; I will fix it and run it again.", f"print({code})", _PRINT_READ,
-        eval(code))  # noqa: S307 - generated arithmetic
+        rng.choice(_ASK_ARITH).format(notation),
+        _PRINT_PLAN,
+        bad,
+        "The tool reported an error in my code; I will fix it and run it again.",
+        f"print({code})",
+        _PRINT_READ,
+        eval(code),  # noqa: S307 - generated arithmetic
+    )
 
 
 def _stdin_echo(rng):
     w = rng.choice(_WORDS)
     code = "s = input()\nprint(s.upper())"
     return "stdin", [
-        {"role": "user", "content": f"Use the tool's standard input to pass the word '{w}' and print it in capitals."},
-        {"role": "assistant", "content": "<reason>The code reads the word from standard input.</reason>",
-         "tool_calls": [_call(code, w)]},
+        {
+            "role": "user",
+            "content": f"Use the tool's standard input to pass the word '{w}' and print it in "
+            "capitals.",
+        },
+        {
+            "role": "assistant",
+            "content": "<reason>The code reads the word from standard input.</reason>",
+            "tool_calls": [_call(code, w)],
+        },
         {"role": "tool", "content": simulate_tool(code, w)},
-        _answer("The tool printed the capitalised word.", w.upper())]
+        _answer("The tool printed the capitalised word.", w.upper()),
+    ]
 
 
 def _printed(ask: str, expr: str) -> list[dict]:
     """`ask` answered by printing the Python expression `expr` and reading its value back."""
-    return _with_tool(ask, _PRINT_PLAN, f"print({expr})", _PRINT_READ, eval(expr))  # noqa: S307 - generated
+    value = eval(expr)  # noqa: S307 - generated arithmetic
+    return _with_tool(ask, _PRINT_PLAN, f"print({expr})", _PRINT_READ, value)
 
 
-_ASK_CALC = ("Use Python to evaluate {}.", "Calculate {} with the tool.", "What does Python print for {}?",
-             "Run {} in Python and report the value.", "Please compute {} exactly, using code.")
+_ASK_CALC = (
+    "Use Python to evaluate {}.",
+    "Calculate {} with the tool.",
+    "What does Python print for {}?",
+    "Run {} in Python and report the value.",
+    "Please compute {} exactly, using code.",
+)
 
 
 def _calc(rng):
     """Arithmetic written in Python syntax, operands of one to three digits in any position
     (a model that only saw small second operands breaks its JSON after a long one)."""
     a, b, c, d = (rng.randint(2, 10 ** rng.randint(1, 3) - 1) for _ in range(4))
-    base, e, m = rng.randint(2, 99), rng.randint(2, 30), rng.randint(7, 99)  # powers of 2-digit bases
-    expr = rng.choice([f"{a}+{b}", f"{a}-{b}", f"{a}*{b}", f"{a}//{b}", f"{a}%{m}", f"{base}**{e}",
-                       f"({a}+{b})*{c}", f"{a}*{b}*{c}", f"pow({a}, {d}, {m})", f"{base}**{d} % {m}"])
+    base, e, m = (
+        rng.randint(2, 99),
+        rng.randint(2, 30),
+        rng.randint(7, 99),
+    )  # powers of 2-digit bases
+    expr = rng.choice(
+        [
+            f"{a}+{b}",
+            f"{a}-{b}",
+            f"{a}*{b}",
+            f"{a}//{b}",
+            f"{a}%{m}",
+            f"{base}**{e}",
+            f"({a}+{b})*{c}",
+            f"{a}*{b}*{c}",
+            f"pow({a}, {d}, {m})",
+            f"{base}**{d} % {m}",
+        ]
+    )
     ask = rng.choice(_ASK_CALC)
     return "calc", _printed(ask.format(expr), expr)
 
@@ -187,7 +286,13 @@ def _calc_long(rng):
     return "calc_long", _printed(ask.format(expr), expr)
 
 
-_ASK_ARITH = ("What is {}?", "Evaluate {}.", "Work out {}.", "How much is {}?", "Give the value of {}.")
+_ASK_ARITH = (
+    "What is {}?",
+    "Evaluate {}.",
+    "Work out {}.",
+    "How much is {}?",
+    "Give the value of {}.",
+)
 
 
 def _arith(rng, with_tool: bool):
@@ -199,28 +304,49 @@ def _arith(rng, with_tool: bool):
     ask = rng.choice(_ASK_ARITH).format(notation)
     if with_tool:
         return "arith_tool", _printed(ask, code)
-    return "arith_direct", [{"role": "user", "content": ask},
-                            _answer("I know this one.", eval(code))]  # noqa: S307 - generated arithmetic
+    return "arith_direct", [
+        {"role": "user", "content": ask},
+        _answer("I know this one.", eval(code)),  # noqa: S307 - generated arithmetic
+    ]
 
 
 def _no_tool(rng):
     w = rng.choice(_WORDS)
     kind = rng.randrange(3)
     if kind == 0:
-        return "instruction", [{"role": "user", "content": f"Reply with the word '{w}' and nothing else in the answer."},
-                               _answer("The user asks for one exact word.", w)]
+        return "instruction", [
+            {
+                "role": "user",
+                "content": f"Reply with the word '{w}' and nothing else in the answer.",
+            },
+            _answer("The user asks for one exact word.", w),
+        ]
     if kind == 1:
-        return "instruction", [{"role": "user", "content": f"Write the word '{w}' in capital letters."},
-                               _answer("Capitalising each letter gives the answer.", w.upper())]
-    return "chat", [{"role": "user", "content": f"Hi! Could you tell me the first letter of '{w}'?"},
-                    _answer("The first letter is the one at the start of the word.", w[0])]
+        return "instruction", [
+            {"role": "user", "content": f"Write the word '{w}' in capital letters."},
+            _answer("Capitalising each letter gives the answer.", w.upper()),
+        ]
+    return "chat", [
+        {"role": "user", "content": f"Hi! Could you tell me the first letter of '{w}'?"},
+        _answer("The first letter is the one at the start of the word.", w[0]),
+    ]
 
 
-TASKS = {"reverse": _reverse, "count_letter": _count_letter, "sort_words": _sort_words, "word_count": _word_count,
-         "longest_word": _longest_word, "error_recovery": _error_recovery, "stdin": _stdin_echo, "calc": _calc,
-         "calc_long": _calc_long,
-         "instruction": _no_tool, "arith_tool": lambda rng: _arith(rng, True),
-         "arith_direct": lambda rng: _arith(rng, False), "arith_recover": _arith_recover}
+TASKS = {
+    "reverse": _reverse,
+    "count_letter": _count_letter,
+    "sort_words": _sort_words,
+    "word_count": _word_count,
+    "longest_word": _longest_word,
+    "error_recovery": _error_recovery,
+    "stdin": _stdin_echo,
+    "calc": _calc,
+    "calc_long": _calc_long,
+    "instruction": _no_tool,
+    "arith_tool": lambda rng: _arith(rng, True),
+    "arith_direct": lambda rng: _arith(rng, False),
+    "arith_recover": _arith_recover,
+}
 
 
 def generate(n: int, *, seed: int = 0, tasks: list[str] | None = None) -> list[dict]:
@@ -232,8 +358,14 @@ def generate(n: int, *, seed: int = 0, tasks: list[str] | None = None) -> list[d
     rows = []
     for i in range(n):
         task, messages = makers[i % len(makers)](rng)
-        rows.append({"id": f"sft-{seed}-{i:06d}", "task": task, "source": "synthetic",
-                     "messages": json.dumps(messages)})
+        rows.append(
+            {
+                "id": f"sft-{seed}-{i:06d}",
+                "task": task,
+                "source": "synthetic",
+                "messages": json.dumps(messages),
+            }
+        )
     return rows
 
 
@@ -268,7 +400,9 @@ def normalize_messages(messages, where: str) -> list[dict]:
                 try:
                     args = json.loads(args)
                 except json.JSONDecodeError as e:
-                    raise DataError(f"{at}.tool_calls[{j}].arguments: not valid JSON ({e.msg})") from None
+                    raise DataError(
+                        f"{at}.tool_calls[{j}].arguments: not valid JSON ({e.msg})"
+                    ) from None
             if not isinstance(args, dict):
                 raise DataError(f"{at}.tool_calls[{j}].arguments: must be a JSON object")
             norm.append({"name": fn["name"], "arguments": args})
@@ -295,6 +429,12 @@ def load_sft(path: str, *, messages_key: str = "messages") -> list[dict]:
                 messages = json.loads(messages)
             except json.JSONDecodeError as e:
                 raise DataError(f"{where}.{messages_key}: not valid JSON ({e.msg})") from None
-        rows.append({"id": str(row.get("id", f"{path}#{row_id}")), "task": str(row.get("task", "chat")),
-                     "source": path, "messages": json.dumps(normalize_messages(messages, where))})
+        rows.append(
+            {
+                "id": str(row.get("id", f"{path}#{row_id}")),
+                "task": str(row.get("task", "chat")),
+                "source": path,
+                "messages": json.dumps(normalize_messages(messages, where)),
+            }
+        )
     return rows

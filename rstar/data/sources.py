@@ -5,6 +5,7 @@ sets the paper curated from, and any other layout is a `Columns(...)` away. Rows
 as `(row_id, dict)`; a row that cannot even be read is yielded as a `BadRow` so curation
 counts it instead of losing it.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,12 +44,19 @@ def column_error(path: str, cols: Columns, have) -> str | None:
     """The file-level error when rows with these columns (`have`, top-level names) cannot give
     a problem and an answer: which are missing, which there are, and how to map them."""
     have = sorted(have)
-    missing = {role: c for role, c in (("problem", cols.problem), ("answer", cols.answer)) if c.split(".")[0] not in have}
+    missing = {
+        role: c
+        for role, c in (("problem", cols.problem), ("answer", cols.answer))
+        if c.split(".")[0] not in have
+    }
     if not missing:
         return None
-    return (f"{path}: no column {' or '.join(repr(c) for c in missing.values())} for the {' and '.join(missing)} "
-            f"(its columns: {', '.join(have) or 'none'}); map yours as '{path}:problem=<column>,answer=<column>' "
-            f"or name a preset ({', '.join(PRESETS)}) as '{path}:<preset>'")
+    return (
+        f"{path}: no column {' or '.join(repr(c) for c in missing.values())} for the "
+        f"{' and '.join(missing)} (its columns: {', '.join(have) or 'none'}); map yours as "
+        f"'{path}:problem=<column>,answer=<column>' or name a preset ({', '.join(PRESETS)}) as "
+        f"'{path}:<preset>'"
+    )
 
 
 def get_field(row: dict, path: str):
@@ -58,7 +66,11 @@ def get_field(row: dict, path: str):
         if not isinstance(value, dict) or key not in value:
             return None
         value = value[key]
-    if isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value):
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(m, dict) and "content" in m for m in value)
+    ):
         users = [m["content"] for m in value if m.get("role") == "user"]
         return users[-1] if users else value[-1]["content"]
     return value
@@ -91,14 +103,24 @@ def _jsonl_rows(path: str):
                 bad.append((i, BadRow("bad_json", f"line {i + 1}: {e.msg}", line[:2000])))
                 continue
             if not isinstance(row, dict):
-                bad.append((i, BadRow("wrong_type", f"line {i + 1}: a JSON {type(row).__name__}, not an object",
-                                      line[:2000])))
+                bad.append(
+                    (
+                        i,
+                        BadRow(
+                            "wrong_type",
+                            f"line {i + 1}: a JSON {type(row).__name__}, not an object",
+                            line[:2000],
+                        ),
+                    )
+                )
                 continue
             good += 1
             yield i, row
     if bad and not good:
-        raise DataError(f"{path}: not JSON lines (no line is a JSON object; line {bad[0][0] + 1}: "
-                        f"{bad[0][1].detail.split(': ', 1)[-1]})")
+        raise DataError(
+            f"{path}: not JSON lines (no line is a JSON object; line {bad[0][0] + 1}: "
+            f"{bad[0][1].detail.split(': ', 1)[-1]})"
+        )
     yield from bad
 
 
@@ -106,9 +128,13 @@ def _hub_rows(name: str, split: str):
     try:
         import datasets
     except ImportError as e:  # pragma: no cover - datasets is a dependency
-        raise DataError(f"{name}: loading from the Hugging Face hub needs the `datasets` package") from e
+        raise DataError(
+            f"{name}: loading from the Hugging Face hub needs the `datasets` package"
+        ) from e
     try:
         ds = datasets.load_dataset(name, split=split)
     except Exception as e:  # noqa: BLE001 - offline, missing, private...: say which and why
-        raise DataError(f"{name}: not a local file and could not be loaded from the hub ({e})") from None
+        raise DataError(
+            f"{name}: not a local file and could not be loaded from the hub ({e})"
+        ) from None
     yield from enumerate(ds)

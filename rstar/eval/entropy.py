@@ -6,6 +6,7 @@ the same, restricted to the first `window` model tokens after each tool response
 result, diagnosing an error, planning a fix). Reports carry counts and examples in context,
 and `compare` lines two reports up (across stages).
 """
+
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -15,16 +16,24 @@ from dataclasses import dataclass, field
 @dataclass
 class EntropyReport:
     threshold: float
-    forking: list[tuple[str, int]] = field(default_factory=list)      # (token, count among high-entropy)
+    forking: list[tuple[str, int]] = field(
+        default_factory=list
+    )  # (token, count among high-entropy)
     reflection: list[tuple[str, int]] = field(default_factory=list)
-    examples: dict[str, list[str]] = field(default_factory=dict)      # token -> contexts
+    examples: dict[str, list[str]] = field(default_factory=dict)  # token -> contexts
     model_tokens: int = 0
     after_tool_tokens: int = 0
 
     def markdown(self, title: str = "Entropy analysis") -> str:
-        lines = [f"### {title}", "", f"{self.model_tokens} model tokens; high entropy means >= {self.threshold:.3f} "
-                 f"nats; {self.after_tool_tokens} tokens right after tool responses.", "",
-                 "| forking token | count | | reflection token | count |", "|---|---|---|---|---|"]
+        lines = [
+            f"### {title}",
+            "",
+            f"{self.model_tokens} model tokens; high entropy means >= {self.threshold:.3f} nats; "
+            f"{self.after_tool_tokens} tokens right after tool responses.",
+            "",
+            "| forking token | count | | reflection token | count |",
+            "|---|---|---|---|---|",
+        ]
         for i in range(max(len(self.forking), len(self.reflection))):
             f = self.forking[i] if i < len(self.forking) else ("", "")
             r = self.reflection[i] if i < len(self.reflection) else ("", "")
@@ -34,8 +43,16 @@ class EntropyReport:
         return "\n".join(lines)
 
 
-def analyze(records: list[dict], tokenizer, *, quantile: float = 0.8, window: int = 10, top: int = 15,
-            examples: int = 3, context: int = 6) -> EntropyReport:
+def analyze(
+    records: list[dict],
+    tokenizer,
+    *,
+    quantile: float = 0.8,
+    window: int = 10,
+    top: int = 15,
+    examples: int = 3,
+    context: int = 6,
+) -> EntropyReport:
     """Records: rows with response_ids, response_mask and entropies (the trajectories schema)."""
     all_ent = sorted(e for r in records for e, m in zip(r["entropies"], r["response_mask"]) if m)
     if not all_ent:
@@ -62,10 +79,18 @@ def analyze(records: list[dict], tokenizer, *, quantile: float = 0.8, window: in
             if near_tool:
                 reflection[word] += 1
             if len(contexts[word]) < examples:
-                contexts[word].append(tokenizer.decode(ids[max(0, i - context):i + context + 1]).replace("\n", " "))
+                contexts[word].append(
+                    tokenizer.decode(ids[max(0, i - context) : i + context + 1]).replace("\n", " ")
+                )
     fork_top = forking.most_common(top)
-    return EntropyReport(threshold, fork_top, reflection.most_common(top),
-                         {w: contexts[w] for w, _ in fork_top}, len(all_ent), after_tool)
+    return EntropyReport(
+        threshold,
+        fork_top,
+        reflection.most_common(top),
+        {w: contexts[w] for w, _ in fork_top},
+        len(all_ent),
+        after_tool,
+    )
 
 
 def compare(reports: dict[str, EntropyReport], top: int = 10) -> str:
@@ -75,5 +100,7 @@ def compare(reports: dict[str, EntropyReport], top: int = 10) -> str:
         tokens += [t for t, _ in rep.forking[:top] if t not in tokens]
     counts = {stage: dict(rep.forking) for stage, rep in reports.items()}
     lines = ["| token | " + " | ".join(reports) + " |", "|---|" + "---|" * len(reports)]
-    lines += [f"| `{t}` | " + " | ".join(str(counts[s].get(t, 0)) for s in reports) + " |" for t in tokens]
+    lines += [
+        f"| `{t}` | " + " | ".join(str(counts[s].get(t, 0)) for s in reports) + " |" for t in tokens
+    ]
     return "\n".join(lines)

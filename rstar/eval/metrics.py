@@ -1,4 +1,5 @@
 """Metrics of the evaluation protocol over k samples per question."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -28,8 +29,11 @@ def _key(answer: str) -> str:
     return normalize_integer(answer) or " ".join(answer.split())
 
 
-def majority_vote(answers: list[str | None], label: str, verify: Callable[[str, str], bool]) -> bool:
-    """Whether the most frequent answer (integers normalised, ties to the earliest seen) is right."""
+def majority_vote(
+    answers: list[str | None], label: str, verify: Callable[[str, str], bool]
+) -> bool:
+    """Whether the most frequent answer (integers normalised, ties to the earliest seen) is
+    right."""
     counted = Counter(_key(a) for a in answers if a is not None and a.strip())
     if not counted:
         return False

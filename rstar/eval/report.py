@@ -1,5 +1,6 @@
 """Evaluation reports people read: a markdown and an HTML table of models (or stages) side by
 side, and PNG plots of accuracy and response length per stage."""
+
 from __future__ import annotations
 
 import html
@@ -12,20 +13,28 @@ from rstar.storage import atomic_write, atomic_write_text
 def html_table(summaries: dict[str, dict], k: int) -> str:
     names = list(summaries)
     benches = sorted({b for s in summaries.values() for b in s})
-    head = "".join(f"<th>{html.escape(n)} avg pass@1</th><th>{html.escape(n)} pass@{k}</th>"
-                   f"<th>{html.escape(n)} mean length</th>" for n in names)
+    head = "".join(
+        f"<th>{html.escape(n)} avg pass@1</th><th>{html.escape(n)} "
+        f"pass@{k}</th><th>{html.escape(n)} mean length</th>"
+        for n in names
+    )
     rows = []
     for b in benches:
         cells = ""
         for n in names:
             s = summaries[n].get(b)
-            cells += (f"<td>{s['avg_pass@1']:.3f}</td><td>{s[f'pass@{k}']:.3f}</td><td>{s['response_len_mean']:.0f}</td>"
-                      if s else "<td></td><td></td><td></td>")
+            cells += (
+                f"<td>{s['avg_pass@1']:.3f}</td><td>{s[f'pass@{k}']:.3f}</td><td>{s['response_len_mean']:.0f}</td>"
+                if s
+                else "<td></td><td></td><td></td>"
+            )
         rows.append(f"<tr><th>{html.escape(b)}</th>{cells}</tr>")
-    return ("<!doctype html><meta charset='utf-8'><title>rstar evaluation</title>"
-            "<style>body{font-family:sans-serif}td,th{padding:4px 10px;border-bottom:1px solid #ddd}"
-            "td{text-align:right}</style><h1>Evaluation</h1>"
-            f"<table><tr><th>benchmark</th>{head}</tr>{''.join(rows)}</table>")
+    return (
+        "<!doctype html><meta charset='utf-8'><title>rstar "
+        "evaluation</title><style>body{font-family:sans-serif}td,th{padding:4px "
+        "10px;border-bottom:1px solid #ddd}td{text-align:right}</style><h1>Evaluation</h1>"
+        f"<table><tr><th>benchmark</th>{head}</tr>{''.join(rows)}</table>"
+    )
 
 
 def plot(summaries: dict[str, dict], key: str, ylabel: str, path: str) -> str:
@@ -40,9 +49,18 @@ def plot(summaries: dict[str, dict], key: str, ylabel: str, path: str) -> str:
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(benches) + 2), 3.6))
     width = 0.8 / max(1, len(names))
     for i, n in enumerate(names):
-        ax.bar([x + i * width for x in range(len(benches))],
-               [summaries[n].get(b, {}).get(key, 0.0) for b in benches], width, label=n)
-    ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(benches))], benches, rotation=20, ha="right")
+        ax.bar(
+            [x + i * width for x in range(len(benches))],
+            [summaries[n].get(b, {}).get(key, 0.0) for b in benches],
+            width,
+            label=n,
+        )
+    ax.set_xticks(
+        [x + width * (len(names) - 1) / 2 for x in range(len(benches))],
+        benches,
+        rotation=20,
+        ha="right",
+    )
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -53,8 +71,12 @@ def plot(summaries: dict[str, dict], key: str, ylabel: str, path: str) -> str:
 
 def write_report(summaries: dict[str, dict], k: int, out_dir: str) -> list[str]:
     """report.md, report.html, accuracy.png and length.png under `out_dir`; returns the paths."""
-    md = atomic_write_text(os.path.join(out_dir, "report.md"), f"# Evaluation\n\n{markdown_table(summaries, k)}\n")
+    md = atomic_write_text(
+        os.path.join(out_dir, "report.md"), f"# Evaluation\n\n{markdown_table(summaries, k)}\n"
+    )
     page = atomic_write_text(os.path.join(out_dir, "report.html"), html_table(summaries, k))
     acc = plot(summaries, "avg_pass@1", "avg pass@1", os.path.join(out_dir, "accuracy.png"))
-    length = plot(summaries, "response_len_mean", "mean response tokens", os.path.join(out_dir, "length.png"))
+    length = plot(
+        summaries, "response_len_mean", "mean response tokens", os.path.join(out_dir, "length.png")
+    )
     return [md, page, acc, length]

@@ -1,6 +1,7 @@
 """The evaluation protocol: k samples per question (16), temperature 0.6, a response budget and
 turn limit per benchmark; avg pass@1, pass@k, majority vote, lengths, tool use and finish
 reasons per benchmark; every sample kept as a trajectories-schema row."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,9 @@ from rstar.rollout.runner import rollout, tool_error_rate
 
 @dataclass
 class EvalConfig:
-    __pydantic_config__ = {"extra": "forbid"}  # a recipe (rstar.pipeline.config) may not add unknown keys
+    __pydantic_config__ = {
+        "extra": "forbid"
+    }  # a recipe (rstar.pipeline.config) may not add unknown keys
     k: int = 16
     temperature: float = 0.6
     max_response_tokens: int = 30_000
@@ -31,15 +34,28 @@ def _benchmark(problem: dict) -> str:
     return json.loads(problem["metadata"]).get("benchmark", problem["source"])
 
 
-async def evaluate(loop: AgentLoop, problems: list[dict], cfg: EvalConfig, *, stage: str = "eval",
-                   policy_step: int = 0, progress: Callable[[int], None] | None = None) -> tuple[list[dict], dict]:
+async def evaluate(
+    loop: AgentLoop,
+    problems: list[dict],
+    cfg: EvalConfig,
+    *,
+    stage: str = "eval",
+    policy_step: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list[dict], dict]:
     """Rollouts and per-benchmark metrics. Multiple-choice problems get a freshly shuffled
     prompt per sample and are scored by the letter in the boxed answer; their records' `answer`
     is the text of the chosen option, so majority votes count the same option across samples."""
-    loop.cfg = replace(loop.cfg, temperature=cfg.temperature, max_response_tokens=cfg.max_response_tokens,
-                       max_turns=cfg.max_turns)
+    loop.cfg = replace(
+        loop.cfg,
+        temperature=cfg.temperature,
+        max_response_tokens=cfg.max_response_tokens,
+        max_turns=cfg.max_turns,
+    )
     plain = [p for p in problems if "choices" not in json.loads(p["metadata"])]
-    records = await rollout(loop, plain, cfg.k, stage=stage, policy_step=policy_step, progress=progress, seed_key="eval")
+    records = await rollout(
+        loop, plain, cfg.k, stage=stage, policy_step=policy_step, progress=progress, seed_key="eval"
+    )
     for r in records:
         r["correct"] = r["reward"] > 0
     choice_problems = []
@@ -52,10 +68,20 @@ async def evaluate(loop: AgentLoop, problems: list[dict], cfg: EvalConfig, *, st
                 sample_id = f"{p['id']}#{i}"
                 letters[sample_id] = letter
                 choice_problems.append({**p, "id": sample_id, "problem": text, "answer": letter})
-    for r in await rollout(loop, choice_problems, 1, stage=stage, policy_step=policy_step, progress=progress,
-                           seed_key="eval"):
+    for r in await rollout(
+        loop,
+        choice_problems,
+        1,
+        stage=stage,
+        policy_step=policy_step,
+        progress=progress,
+        seed_key="eval",
+    ):
         sample_id = r["problem_id"]
-        r["problem_id"], r["sample_index"] = sample_id.rsplit("#", 1)[0], int(sample_id.rsplit("#", 1)[1])
+        r["problem_id"], r["sample_index"] = (
+            sample_id.rsplit("#", 1)[0],
+            int(sample_id.rsplit("#", 1)[1]),
+        )
         letter = extract_letter(r["answer"])
         r["correct"] = letter == letters[sample_id]
         r["reward"] = float(r["correct"])
@@ -64,9 +90,18 @@ async def evaluate(loop: AgentLoop, problems: list[dict], cfg: EvalConfig, *, st
     return records, summarize_eval(records, by_id, cfg.k)
 
 
-def evaluate_model(model_dir: str, problems: list[dict], cfg: EvalConfig, *, prompt_style: str = "paper",
-                   name: str = "model", progress: Callable[[int], None] | None = None, replicas: int = 0,
-                   kind: str = "hf", sandbox_url: str | None = None) -> tuple[list[dict], dict]:
+def evaluate_model(
+    model_dir: str,
+    problems: list[dict],
+    cfg: EvalConfig,
+    *,
+    prompt_style: str = "paper",
+    name: str = "model",
+    progress: Callable[[int], None] | None = None,
+    replicas: int = 0,
+    kind: str = "hf",
+    sandbox_url: str | None = None,
+) -> tuple[list[dict], dict]:
     """`evaluate` for a Hugging Face checkpoint directory: the local engine and an in-process
     sandbox, or `replicas` engine replicas and a sandbox service (rstar.rollout.open)."""
     import asyncio
@@ -75,8 +110,14 @@ def evaluate_model(model_dir: str, problems: list[dict], cfg: EvalConfig, *, pro
     from rstar.rollout.open import open_agent_loop
 
     async def run() -> tuple[list[dict], dict]:
-        async with open_agent_loop(model_dir, LoopConfig(prompt_style=prompt_style), replicas=replicas, kind=kind,
-                                   seed=cfg.seed, sandbox_url=sandbox_url) as loop:
+        async with open_agent_loop(
+            model_dir,
+            LoopConfig(prompt_style=prompt_style),
+            replicas=replicas,
+            kind=kind,
+            seed=cfg.seed,
+            sandbox_url=sandbox_url,
+        ) as loop:
             return await evaluate(loop, problems, cfg, stage=f"eval/{name}", progress=progress)
 
     records, summary = asyncio.run(run())
@@ -104,33 +145,48 @@ def summarize_eval(records: list[dict], problems: dict[str, dict], k: int) -> di
 
         per_question = [avg_pass_at_1([r["correct"] for r in by_problem[p]]) for p in pids]
         out[bench] = {
-            "questions": len(pids), "samples": len(rows),
+            "questions": len(pids),
+            "samples": len(rows),
             "avg_pass@1": statistics.fmean(per_question),
             # its standard error over questions (the samples of one question are not independent)
-            "avg_pass@1_se": statistics.stdev(per_question) / math.sqrt(len(pids)) if len(pids) > 1 else 0.0,
-            f"pass@{k}": statistics.fmean(pass_at_k(len(by_problem[p]), sum(r["correct"] for r in by_problem[p]),
-                                                    min(k, len(by_problem[p]))) for p in pids),
+            "avg_pass@1_se": statistics.stdev(per_question) / math.sqrt(len(pids))
+            if len(pids) > 1
+            else 0.0,
+            f"pass@{k}": statistics.fmean(
+                pass_at_k(
+                    len(by_problem[p]),
+                    sum(r["correct"] for r in by_problem[p]),
+                    min(k, len(by_problem[p])),
+                )
+                for p in pids
+            ),
             f"maj@{k}": statistics.fmean(maj(p) for p in pids),
             "response_len_mean": statistics.fmean(lengths),
             "response_len_p95": lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))],
             "tool_calls_per_answer": calls / len(rows),
             "tool_error_rate": tool_error_rate(rows),
-            "finish_reasons": {f: sum(r["finish_reason"] == f for r in rows)
-                               for f in sorted({r["finish_reason"] for r in rows})},
+            "finish_reasons": {
+                f: sum(r["finish_reason"] == f for r in rows)
+                for f in sorted({r["finish_reason"] for r in rows})
+            },
         }
     return out
 
 
 def overall_accuracy(summary: dict) -> float:
-    """avg pass@1 over every benchmark of one checkpoint's evaluation, each question weighing the same."""
+    """avg pass@1 over every benchmark of one checkpoint's evaluation, each question weighing the
+    same."""
     n = sum(m["questions"] for m in summary.values())
     return sum(m["avg_pass@1"] * m["questions"] for m in summary.values()) / n
 
 
 def overall_interval(summary: dict) -> tuple[float, float]:
-    """A 95% interval for `overall_accuracy` (normal, from the benchmarks' standard errors over questions)."""
+    """A 95% interval for `overall_accuracy` (normal, from the benchmarks' standard errors over
+    questions)."""
     n = sum(m["questions"] for m in summary.values())
-    se = math.sqrt(sum((m["questions"] / n) ** 2 * m.get("avg_pass@1_se", 0.0) ** 2 for m in summary.values()))
+    se = math.sqrt(
+        sum((m["questions"] / n) ** 2 * m.get("avg_pass@1_se", 0.0) ** 2 for m in summary.values())
+    )
     mean = overall_accuracy(summary)
     return max(0.0, mean - 1.96 * se), min(1.0, mean + 1.96 * se)
 
@@ -139,24 +195,37 @@ def markdown_table(summaries: dict[str, dict], k: int) -> str:
     """One overall score per model (or stage) with its sample size and 95% interval, then the
     benchmarks side by side (a column triple per model) and a key to the columns."""
     names = list(summaries)
-    overall = ["| checkpoint | avg@1, all questions | 95% interval | questions x samples |", "|---|---|---|---|"]
+    overall = [
+        "| checkpoint | avg@1, all questions | 95% interval | questions x samples |",
+        "|---|---|---|---|",
+    ]
     for n in names:
         lo, hi = overall_interval(summaries[n])
         questions = sum(m["questions"] for m in summaries[n].values())
         samples = sum(m["samples"] for m in summaries[n].values())
-        overall.append(f"| {n} | **{overall_accuracy(summaries[n]):.3f}** | {lo:.3f}-{hi:.3f} | "
-                       f"{questions} x {samples // max(questions, 1)} |")
+        overall.append(
+            f"| {n} | **{overall_accuracy(summaries[n]):.3f}** | {lo:.3f}-{hi:.3f} | {questions} x "
+            f"{samples // max(questions, 1)} |"
+        )
     benches = sorted({b for s in summaries.values() for b in s})
-    head = "| benchmark | " + " | ".join(f"{n} avg@1 | {n} pass@{k} | {n} len" for n in names) + " |"
+    head = (
+        "| benchmark | " + " | ".join(f"{n} avg@1 | {n} pass@{k} | {n} len" for n in names) + " |"
+    )
     lines = [head, "|---|" + "---|---|---|" * len(names)]
     for b in benches:
         cells = []
         for n in names:
             s = summaries[n].get(b)
-            cells += [f"{s['avg_pass@1']:.3f}", f"{s[f'pass@{k}']:.3f}", f"{s['response_len_mean']:.0f}"] if s \
+            cells += (
+                [f"{s['avg_pass@1']:.3f}", f"{s[f'pass@{k}']:.3f}", f"{s['response_len_mean']:.0f}"]
+                if s
                 else ["", "", ""]
+            )
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
-    key = (f"avg@1: per question, the fraction of its {k} samples that are correct, averaged over questions; "
-           f"pass@{k}: questions solved by at least one of {k} samples (unbiased estimate); len: mean response "
-           "tokens.")
+    key = (
+        f"avg@1: per question, the fraction of its {k} samples that are correct, averaged over "
+        "questions; "
+        f"pass@{k}: questions solved by at least one of {k} samples (unbiased estimate); len: mean "
+        "response tokens."
+    )
     return "\n".join([*overall, "", *lines, "", key])

@@ -11,6 +11,7 @@ tool's output are read as context, never predicted: only what can be learnt is a
 None of it contains a problem of the RL set or the tool-call format: solving the problems with
 the tool is still left to SFT (the format) and RL.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,17 +29,67 @@ from rstar.data.notation import expression
 class PretrainConfig:
     steps: int = 1500
     batch_size: int = 16
-    seq_len: int = 192          # documents are packed into rows of this many tokens
+    seq_len: int = 192  # documents are packed into rows of this many tokens
     lr: float = 2e-3
     warmup_steps: int = 50
     weight_decay: float = 0.01
     seed: int = 0
 
 
-_FILLER = ("please", "note", "the", "value", "we", "keep", "it", "here", "for", "later", "and", "then", "use",
-           "this", "number", "again", "carefully", "now", "so", "given", "with", "that", "is", "a", "of", "what",
-           "find", "compute", "work", "out", "result", "exact", "all", "in", "full", "when", "you", "get", "by",
-           "how", "much", "let", "me", "write", "code", "check", "answer", "to", "from", "which", "its", "one")
+_FILLER = (
+    "please",
+    "note",
+    "the",
+    "value",
+    "we",
+    "keep",
+    "it",
+    "here",
+    "for",
+    "later",
+    "and",
+    "then",
+    "use",
+    "this",
+    "number",
+    "again",
+    "carefully",
+    "now",
+    "so",
+    "given",
+    "with",
+    "that",
+    "is",
+    "a",
+    "of",
+    "what",
+    "find",
+    "compute",
+    "work",
+    "out",
+    "result",
+    "exact",
+    "all",
+    "in",
+    "full",
+    "when",
+    "you",
+    "get",
+    "by",
+    "how",
+    "much",
+    "let",
+    "me",
+    "write",
+    "code",
+    "check",
+    "answer",
+    "to",
+    "from",
+    "which",
+    "its",
+    "one",
+)
 
 
 def _number(rng: random.Random) -> str:
@@ -56,7 +107,9 @@ class TextSource(random.Random):
         self.words: tuple[str, ...] = ()
         if tokenizer is not None:
             special = set(tokenizer.all_special_ids)
-            words = (tokenizer.decode([i]).strip() for i in range(len(tokenizer)) if i not in special)
+            words = (
+                tokenizer.decode([i]).strip() for i in range(len(tokenizer)) if i not in special
+            )
             self.words = tuple(w for w in words if w and not w.isdigit())
 
 
@@ -75,8 +128,10 @@ def _given(text: str) -> str:
 
 
 def _filler(rng: TextSource, most: int = 5) -> str:
-    words = " ".join(rng.choice(rng.words) if rng.words and rng.random() < 0.5 else rng.choice(_FILLER)
-                     for _ in range(rng.randint(0, most)))
+    words = " ".join(
+        rng.choice(rng.words) if rng.words and rng.random() < 0.5 else rng.choice(_FILLER)
+        for _ in range(rng.randint(0, most))
+    )
     return _given(words) if words else ""
 
 
@@ -115,8 +170,11 @@ def _wrapped(rng: TextSource, text: str) -> str:
 def _chat_copy(rng: TextSource, said: str, reply: str) -> str:
     """A chat turn mentioning `said` among filler, answered with `reply` after filler and some
     structure, so copying does not hang on one template or distance."""
-    return (_preamble(rng) + _turn("user", f"{_filler(rng)} {_given(said)} {_filler(rng)}")
-            + f"{IM_START}assistant\n{_filler(rng, 12)} {_wrapped(rng, reply)}{IM_END}")
+    return (
+        _preamble(rng)
+        + _turn("user", f"{_filler(rng)} {_given(said)} {_filler(rng)}")
+        + f"{IM_START}assistant\n{_filler(rng, 12)} {_wrapped(rng, reply)}{IM_END}"
+    )
 
 
 def _read_back(rng: TextSource) -> str:
@@ -125,9 +183,15 @@ def _read_back(rng: TextSource) -> str:
     notation, code = expression(rng)
     value = eval(code)  # noqa: S307 - generated arithmetic
     tag = rng.choice(_TAGS)
-    said = rng.choice([f"{value}", f"\\boxed{{{value}}}", f"it is {value}.", f"{_filler(rng, 3)} {value}"])
-    return (_chat_copy(rng, notation, f"print({code})") + "\n" + _turn("user", f"<{tag}>\n{_given(value)}\n</{tag}>")
-            + f"{IM_START}assistant\n{_filler(rng, 8)} {said}{IM_END}")
+    said = rng.choice(
+        [f"{value}", f"\\boxed{{{value}}}", f"it is {value}.", f"{_filler(rng, 3)} {value}"]
+    )
+    return (
+        _chat_copy(rng, notation, f"print({code})")
+        + "\n"
+        + _turn("user", f"<{tag}>\n{_given(value)}\n</{tag}>")
+        + f"{IM_START}assistant\n{_filler(rng, 8)} {said}{IM_END}"
+    )
 
 
 # How often each kind of document below is drawn: copying in context (kinds 1-4) dominates, a
@@ -166,12 +230,16 @@ def encode(tokenizer, text: str) -> tuple[list[int], list[int]]:
             clean.append(ch)
             context.append(inside)
     enc = tokenizer("".join(clean), add_special_tokens=False, return_offsets_mapping=True)
-    labels = [-100 if end > start and all(context[start:end]) else i
-              for i, (start, end) in zip(enc["input_ids"], enc["offset_mapping"])]
+    labels = [
+        -100 if end > start and all(context[start:end]) else i
+        for i, (start, end) in zip(enc["input_ids"], enc["offset_mapping"])
+    ]
     return enc["input_ids"], labels
 
 
-def packed_batch(rng: TextSource, tokenizer, rows: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_batch(
+    rng: TextSource, tokenizer, rows: int, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, labels), `rows` rows of `seq_len` tokens, each filled with whole documents ended by
     the tokenizer's EOS (the last one cut at the row's end), so no compute is spent on padding."""
     ids_out, labels_out = [], []
@@ -187,13 +255,20 @@ def packed_batch(rng: TextSource, tokenizer, rows: int, seq_len: int) -> tuple[t
     return torch.tensor(ids_out), torch.tensor(labels_out)
 
 
-def pretrain(model, tokenizer, cfg: PretrainConfig, on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
+def pretrain(
+    model, tokenizer, cfg: PretrainConfig, on_step: Callable[[int, dict], None] | None = None
+) -> list[dict]:
     """Next-token training on freshly generated documents; cosine decay after a linear warm-up."""
     torch.manual_seed(cfg.seed)
     rng = TextSource(cfg.seed, tokenizer)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * max(0.1, 0.5 * (1 + math.cos(math.pi * s / cfg.steps))))
+        opt,
+        lambda s: (
+            min(1.0, (s + 1) / cfg.warmup_steps)
+            * max(0.1, 0.5 * (1 + math.cos(math.pi * s / cfg.steps)))
+        ),
+    )
     model.train()
     history = []
     for step in range(1, cfg.steps + 1):

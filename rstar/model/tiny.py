@@ -6,6 +6,7 @@ that many digits) and the format's tags as whole tokens; it carries
 the chat template, so the saved directory loads the same in transformers, vLLM and verl.
 The model is a Qwen2-architecture decoder of a few million parameters.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,18 @@ from rstar.agent.format import CHAT_TEMPLATE, EOS, IM_END, IM_START, STYLES, TOO
 SPECIAL = [EOS, IM_START, IM_END]
 # The tool's name is one token too: split into 11 pieces (five "_"), it was where RL updates
 # garbled the call first (`execute_python_with_with_standard_standard_io`, docs/benchmarks.md).
-FORMAT_TAGS = ["<reason>", "</reason>", "<answer>", "</answer>", "<tool_call>", "</tool_call>",
-               "<tool_response>", "</tool_response>", "\\boxed", TOOL_NAME]
+FORMAT_TAGS = [
+    "<reason>",
+    "</reason>",
+    "<answer>",
+    "</answer>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "\\boxed",
+    TOOL_NAME,
+]
 
 
 def tokenizer_corpus(n_problems: int = 3000, n_sft: int = 1500, seed: int = 0) -> list[str]:
@@ -26,11 +37,18 @@ def tokenizer_corpus(n_problems: int = 3000, n_sft: int = 1500, seed: int = 0) -
 
     texts = []
     for style in STYLES.values():
-        texts += [render(style.messages(p["problem"]), tools=style.tools, add_generation_prompt=True)
-                  + f"<reason>\n</reason>\n<answer>\\boxed{{{p['answer']}}}</answer>"
-                  for p in synth.generate(n_problems, seed=seed)]
-        texts += [render([{"role": "system", "content": style.system}] + json.loads(r["messages"]), tools=style.tools)
-                  for r in sft.generate(n_sft, seed=seed)]
+        texts += [
+            render(style.messages(p["problem"]), tools=style.tools, add_generation_prompt=True)
+            + f"<reason>\n</reason>\n<answer>\\boxed{{{p['answer']}}}</answer>"
+            for p in synth.generate(n_problems, seed=seed)
+        ]
+        texts += [
+            render(
+                [{"role": "system", "content": style.system}] + json.loads(r["messages"]),
+                tools=style.tools,
+            )
+            for r in sft.generate(n_sft, seed=seed)
+        ]
     return texts
 
 
@@ -45,31 +63,61 @@ def build_tokenizer(vocab_size: int = 2048, seed: int = 0, number_chunk: int = 0
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(tokenizer_corpus(seed=seed), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=EOS,
-                                   additional_special_tokens=[IM_START], chat_template=CHAT_TEMPLATE)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=EOS,
+        additional_special_tokens=[IM_START],
+        chat_template=CHAT_TEMPLATE,
+    )
     fast.add_tokens(FORMAT_TAGS)
     if number_chunk:
-        fast.add_tokens([f"{i:0{w}d}" for w in range(number_chunk, 0, -1) for i in range(10 ** w)])
+        fast.add_tokens([f"{i:0{w}d}" for w in range(number_chunk, 0, -1) for i in range(10**w)])
     return fast
 
 
-def build_model(tokenizer, *, hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
-                intermediate: int = 384, max_positions: int = 2048, seed: int = 0):
+def build_model(
+    tokenizer,
+    *,
+    hidden: int = 128,
+    layers: int = 4,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 384,
+    max_positions: int = 2048,
+    seed: int = 0,
+):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=intermediate,
-                         max_position_embeddings=max_positions, tie_word_embeddings=True,
-                         eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
-                         pad_token_id=tokenizer.convert_tokens_to_ids(EOS), bos_token_id=None)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        pad_token_id=tokenizer.convert_tokens_to_ids(EOS),
+        bos_token_id=None,
+    )
     return Qwen2ForCausalLM(config)
 
 

@@ -11,6 +11,7 @@ verl's loop renders the prompt with its tools listed on every prompt; like TRL's
 project's template with the tools block switched off (rstar.peers.trl_grpo.trl_chat_template),
 so both send the compact prompt the tiny model learnt.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +48,13 @@ class VerlServer:
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict, **_):
         from rstar.agent.verl_adapter import engine_token_output
 
-        return await engine_token_output(self.engine, request_id, prompt_ids, sampling_params,
-                                         self.max_model_len - len(prompt_ids))
+        return await engine_token_output(
+            self.engine,
+            request_id,
+            prompt_ids,
+            sampling_params,
+            self.max_model_len - len(prompt_ids),
+        )
 
 
 @dataclass
@@ -65,15 +71,36 @@ class LoopResult:
 def _verl_config(loop: LoopConfig, prompt_length: int):
     from omegaconf import OmegaConf
 
-    return OmegaConf.create({"actor_rollout_ref": {"rollout": {
-        "prompt_length": prompt_length, "response_length": loop.max_response_tokens, "full_determinism": False,
-        "multi_turn": {"max_user_turns": loop.max_turns - 1, "max_assistant_turns": loop.max_turns,
-                       "max_parallel_calls": 1, "max_tool_response_length": loop.max_tool_response_tokens,
-                       "tool_response_truncate_side": "right", "format": "hermes"}}}})
+    return OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "prompt_length": prompt_length,
+                    "response_length": loop.max_response_tokens,
+                    "full_determinism": False,
+                    "multi_turn": {
+                        "max_user_turns": loop.max_turns - 1,
+                        "max_assistant_turns": loop.max_turns,
+                        "max_parallel_calls": 1,
+                        "max_tool_response_length": loop.max_tool_response_tokens,
+                        "tool_response_truncate_side": "right",
+                        "format": "hermes",
+                    },
+                }
+            }
+        }
+    )
 
 
-async def run_verl_loop(model_dir: str, problems: list[dict], loop: LoopConfig, sandbox_url: str,
-                        engine, *, model_type: bool = True) -> LoopResult:
+async def run_verl_loop(
+    model_dir: str,
+    problems: list[dict],
+    loop: LoopConfig,
+    sandbox_url: str,
+    engine,
+    *,
+    model_type: bool = True,
+) -> LoopResult:
     """verl's ToolAgentLoop; `model_type=False` leaves verl to pick its token builder without the
     model's type (what a config that does not pass it gets)."""
     from transformers import AutoTokenizer
@@ -93,11 +120,21 @@ async def run_verl_loop(model_dir: str, problems: list[dict], loop: LoopConfig, 
     timed_tool = _timed_tool(tool)
     from transformers import AutoConfig
 
-    agent = ToolAgentLoop(DictConfigWrap(_verl_config(loop, prompt_length)), server, tok, None, None, DictConfigWrap({}),
-                          hf_model_type=AutoConfig.from_pretrained(model_dir).model_type if model_type else None,
-                          tools=ToolListWrap([timed_tool]))
-    params = {"temperature": loop.temperature, "top_p": loop.top_p,
-              "stop_token_ids": [tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(EOS)]}
+    agent = ToolAgentLoop(
+        DictConfigWrap(_verl_config(loop, prompt_length)),
+        server,
+        tok,
+        None,
+        None,
+        DictConfigWrap({}),
+        hf_model_type=AutoConfig.from_pretrained(model_dir).model_type if model_type else None,
+        tools=ToolListWrap([timed_tool]),
+    )
+    params = {
+        "temperature": loop.temperature,
+        "top_p": loop.top_p,
+        "stop_token_ids": [tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(EOS)],
+    }
     style = STYLES[loop.prompt_style]
 
     async def one(p: dict):
@@ -108,11 +145,20 @@ async def run_verl_loop(model_dir: str, problems: list[dict], loop: LoopConfig, 
     start = time.monotonic()
     outs = await asyncio.gather(*(one(p) for p in problems))
     wall = time.monotonic() - start
-    turns = sum(o.num_turns // 2 for o, _ in outs) or 1  # verl counts user, assistant and tool turns
+    turns = (
+        sum(o.num_turns // 2 for o, _ in outs) or 1
+    )  # verl counts user, assistant and tool turns
     own = sum(w for _, w in outs) - timed.generate_s - timed_tool.spent_s
     name = "verl ToolAgentLoop" + ("" if model_type else " (no model_type)")
-    return LoopResult(name, len(outs), wall, turns, own / turns,
-                      [list(o.response_ids) for o, _ in outs], [list(o.response_mask) for o, _ in outs])
+    return LoopResult(
+        name,
+        len(outs),
+        wall,
+        turns,
+        own / turns,
+        [list(o.response_ids) for o, _ in outs],
+        [list(o.response_mask) for o, _ in outs],
+    )
 
 
 def _timed_tool(tool):
@@ -130,7 +176,9 @@ def _timed_tool(tool):
     return tool
 
 
-async def run_rstar_loop(tokenizer, problems: list[dict], loop: LoopConfig, sandbox, engine) -> LoopResult:
+async def run_rstar_loop(
+    tokenizer, problems: list[dict], loop: LoopConfig, sandbox, engine
+) -> LoopResult:
     timed = TimedEngine(engine)
     agent = AgentLoop(timed, tokenizer, sandbox, loop)
 
@@ -144,8 +192,15 @@ async def run_rstar_loop(tokenizer, problems: list[dict], loop: LoopConfig, sand
     wall = time.monotonic() - start
     turns = sum(t.turns for t, _ in outs) or 1
     own = sum(w for _, w in outs) - timed.generate_s - sum(t.tool_s for t, _ in outs)
-    return LoopResult("rstar AgentLoop", len(outs), wall, turns, own / turns, [t.response_ids for t, _ in outs],
-                      [t.response_mask for t, _ in outs])
+    return LoopResult(
+        "rstar AgentLoop",
+        len(outs),
+        wall,
+        turns,
+        own / turns,
+        [t.response_ids for t, _ in outs],
+        [t.response_mask for t, _ in outs],
+    )
 
 
 async def compare_loops(model_dir: str, problems: list[dict], loop: LoopConfig) -> list[LoopResult]:
@@ -161,9 +216,13 @@ async def compare_loops(model_dir: str, problems: list[dict], loop: LoopConfig) 
     try:
         with SandboxProcess() as service:
             async with SandboxClient(service.url) as client:
-                ours = await run_rstar_loop(AutoTokenizer.from_pretrained(model_dir), problems, loop, client, engine)
+                ours = await run_rstar_loop(
+                    AutoTokenizer.from_pretrained(model_dir), problems, loop, client, engine
+                )
             theirs = await run_verl_loop(model_dir, problems, loop, service.url, engine)
-            untyped = await run_verl_loop(model_dir, problems, loop, service.url, engine, model_type=False)
+            untyped = await run_verl_loop(
+                model_dir, problems, loop, service.url, engine, model_type=False
+            )
             await close_sandbox_clients()
     finally:
         await engine.close()
@@ -171,25 +230,39 @@ async def compare_loops(model_dir: str, problems: list[dict], loop: LoopConfig) 
 
 
 def _same(a: LoopResult, b: LoopResult) -> tuple[int, int]:
-    return (sum(x == y for x, y in zip(a.response_ids, b.response_ids)),
-            sum(x == y for x, y in zip(a.response_masks, b.response_masks)))
+    return (
+        sum(x == y for x, y in zip(a.response_ids, b.response_ids)),
+        sum(x == y for x, y in zip(a.response_masks, b.response_masks)),
+    )
 
 
 def report(results: list[LoopResult], loop: LoopConfig) -> list[str]:
     ours, theirs, untyped = results
     same_ids, same_masks = _same(ours, theirs)
     met = ours.own_s_per_turn <= theirs.own_s_per_turn
-    return ["### The agent loop against verl's ToolAgentLoop", "",
-            f"{ours.rollouts} training problems, one rollout each, greedy (so the two can be compared token for token), "
-            f"at most {loop.max_turns} turns and {loop.max_response_tokens} response tokens, through one HF engine "
-            "(verl's server interface for verl's loop) and one sandbox service (this project's tool as a verl tool). "
-            "Own time per turn: each rollout's wall time less its generate calls and tool calls, summed, over the turns.",
-            "", "| loop | rollouts/s | turns | own ms per turn |", "|---|---|---|---|",
-            *(f"| {r.loop} | {r.rollouts / r.wall_s:.1f} | {r.turns} | {r.own_s_per_turn * 1e3:.2f} |"
-              for r in (ours, theirs)),
-            "", f"Same response token ids: {same_ids} of {ours.rollouts}; same loss masks: {same_masks} of "
-            f"{ours.rollouts}. Target: the agent loop's own time per turn no higher than verl's: "
-            f"{ours.own_s_per_turn * 1e3:.2f} vs {theirs.own_s_per_turn * 1e3:.2f} ms, {'met' if met else 'NOT met'}.",
-            f"verl's loop is given the model's `model_type`; without it (verl's default token builder) "
-            f"{_same(ours, untyped)[0]} of {ours.rollouts} rollouts have the same token ids: that builder drops the "
-            "newline after the model's `<|im_end|>` before a tool turn, a context the chat template never renders."]
+    return [
+        "### The agent loop against verl's ToolAgentLoop",
+        "",
+        f"{ours.rollouts} training problems, one rollout each, greedy (so the two can be compared "
+        "token for token), "
+        f"at most {loop.max_turns} turns and {loop.max_response_tokens} response tokens, through "
+        "one HF engine (verl's server interface for verl's loop) and one sandbox service (this "
+        "project's tool as a verl tool). Own time per turn: each rollout's wall time less its "
+        "generate calls and tool calls, summed, over the turns.",
+        "",
+        "| loop | rollouts/s | turns | own ms per turn |",
+        "|---|---|---|---|",
+        *(
+            f"| {r.loop} | {r.rollouts / r.wall_s:.1f} | {r.turns} | {r.own_s_per_turn * 1e3:.2f} |"
+            for r in (ours, theirs)
+        ),
+        "",
+        f"Same response token ids: {same_ids} of {ours.rollouts}; same loss masks: {same_masks} of "
+        f"{ours.rollouts}. Target: the agent loop's own time per turn no higher than verl's: "
+        f"{ours.own_s_per_turn * 1e3:.2f} vs {theirs.own_s_per_turn * 1e3:.2f} ms, "
+        f"{'met' if met else 'NOT met'}.",
+        f"verl's loop is given the model's `model_type`; without it (verl's default token builder) "
+        f"{_same(ours, untyped)[0]} of {ours.rollouts} rollouts have the same token ids: that "
+        "builder drops the newline after the model's `<|im_end|>` before a tool turn, a context "
+        "the chat template never renders.",
+    ]

@@ -8,6 +8,7 @@
    seeds and steps, with RoC and with plain GRPO; the tool-error rate inside the correct
    trajectories sampled (what the policy does) per step, both curves in one PNG.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,9 +20,9 @@ import tempfile
 from dataclasses import replace
 
 from rstar.benchreport import publish
+from rstar.eval.run import overall_accuracy
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.records import StageOutput
-from rstar.eval.run import overall_accuracy
 from rstar.storage import atomic_write_text
 from rstar.tracking import mlflow_log as ml
 
@@ -41,16 +42,23 @@ def _stage_seconds(recipe, outs: dict[str, StageOutput]) -> dict[str, float]:
 
 def pipeline_report(recipe, outs: dict[str, StageOutput]) -> dict:
     """What one pipeline run measured, as JSON: each stage's headline metrics and seconds, held-out
-    accuracy per checkpoint, the recipe's time and the verdict (`rstar pipeline run --report-json`)."""
+    accuracy per checkpoint, the recipe's time and the verdict (`rstar pipeline run
+    --report-json`)."""
     seconds = _stage_seconds(recipe, outs)
     ev = outs["evaluate"].evaluation
-    return {"metrics": {stage: out.metrics for stage, out in outs.items() if stage != "evaluate"},
-            "seconds": seconds, "recipe_seconds": sum(seconds.get(s, 0.0) for s in RECIPE_STAGES),
-            "accuracy": {name: overall_accuracy(s) for name, s in ev.summaries.items()},
-            "learnt": ev.learnt, "verdict": ev.verdict}
+    return {
+        "metrics": {stage: out.metrics for stage, out in outs.items() if stage != "evaluate"},
+        "seconds": seconds,
+        "recipe_seconds": sum(seconds.get(s, 0.0) for s in RECIPE_STAGES),
+        "accuracy": {name: overall_accuracy(s) for name, s in ev.summaries.items()},
+        "learnt": ev.learnt,
+        "verdict": ev.verdict,
+    }
 
 
-def ablation(recipe, sft_model: str, seeds: int = 3, modes=("roc", "grpo")) -> dict[str, dict[int, list[dict]]]:
+def ablation(
+    recipe, sft_model: str, seeds: int = 3, modes=("roc", "grpo")
+) -> dict[str, dict[int, list[dict]]]:
     """Stage 1 from the SFT checkpoint once per RoC mode and seed: {mode: {seed: per-step history}}.
     Seeds count up from the stage's; a seed fixes the prompts, the sampling and RoC's draws."""
     from rstar.data.io import read_table
@@ -65,12 +73,24 @@ def ablation(recipe, sft_model: str, seeds: int = 3, modes=("roc", "grpo")) -> d
     out = {mode: {} for mode in modes}
     for seed in range(stage.seed, stage.seed + seeds):
         for mode in modes:
-            cfg = replace(stage, roc=replace(stage.roc, mode=mode), seed=seed, prompt_style=recipe.prompt_style)
+            cfg = replace(
+                stage,
+                roc=replace(stage.roc, mode=mode),
+                seed=seed,
+                prompt_style=recipe.prompt_style,
+            )
             work = tempfile.mkdtemp(prefix=f"ablation-{mode}-{seed}-")
 
             def progress(step, m, mode=mode, seed=seed):
-                log.info("[ablation %s seed %d] step %d/%d accuracy %.3f tool errors in correct %.3f", mode, seed,
-                         step, stage.steps, m["accuracy"], m["tool_error_rate_positive"])
+                log.info(
+                    "[ablation %s seed %d] step %d/%d accuracy %.3f tool errors in correct %.3f",
+                    mode,
+                    seed,
+                    step,
+                    stage.steps,
+                    m["accuracy"],
+                    m["tool_error_rate_positive"],
+                )
 
             out[mode][seed] = asyncio.run(train_from(path, problems, cfg, work, progress))
             shutil.rmtree(work, ignore_errors=True)
@@ -98,8 +118,10 @@ def per_step(runs: dict[int, list[dict]]) -> list[tuple[int, float, float]]:
     for hist in runs.values():
         for h in hist:
             by_step.setdefault(h["step"], []).append(h)
-    return [(step, pooled_error_rate(hs), sum(h["accuracy"] for h in hs) / len(hs))
-            for step, hs in sorted(by_step.items())]
+    return [
+        (step, pooled_error_rate(hs), sum(h["accuracy"] for h in hs) / len(hs))
+        for step, hs in sorted(by_step.items())
+    ]
 
 
 def plot_ablation(histories: dict[str, dict[int, list[dict]]], path: str) -> None:
@@ -117,13 +139,22 @@ def plot_ablation(histories: dict[str, dict[int, list[dict]]], path: str) -> Non
         for ax, values in zip(axes, ([r[1] for r in rows], [r[2] for r in rows])):
             # each step (over seeds) as a faint dot, the trend as a 5-step trailing mean
             ax.plot(steps, values, ".", color=f"C{i}", alpha=0.35)
-            ax.plot(steps, [sum(values[max(0, j - 4):j + 1]) / len(values[max(0, j - 4):j + 1])
-                            for j in range(len(values))], color=f"C{i}", label=f"{mode} ({len(runs)} seeds)")
+            ax.plot(
+                steps,
+                [
+                    sum(values[max(0, j - 4) : j + 1]) / len(values[max(0, j - 4) : j + 1])
+                    for j in range(len(values))
+                ],
+                color=f"C{i}",
+                label=f"{mode} ({len(runs)} seeds)",
+            )
     window = end_window(last)
     axes[0].set_title("tool errors per call in correct trajectories", fontsize=9)
     axes[1].set_title("rollout accuracy", fontsize=9)
     for ax in axes:
-        ax.axvspan(last - window + 0.5, last + 0.5, color="0.9", zorder=0)  # the compared end window
+        ax.axvspan(
+            last - window + 0.5, last + 0.5, color="0.9", zorder=0
+        )  # the compared end window
         ax.set_xlabel("RL stage 1 step")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -131,26 +162,42 @@ def plot_ablation(histories: dict[str, dict[int, list[dict]]], path: str) -> Non
     plt.close(fig)
 
 
-def ablation_table(histories: dict[str, dict[int, list[dict]]], window: int) -> tuple[list[str], bool]:
+def ablation_table(
+    histories: dict[str, dict[int, list[dict]]], window: int
+) -> tuple[list[str], bool]:
     """Markdown rows comparing the modes over each run's last `window` steps, and whether RoC's
     pooled tool-error rate in correct trajectories is below GRPO's."""
+
     def steps(runs, last=None):  # every seed's steps, or its last `last` ones
         return [h for hist in runs.values() for h in (hist[-last:] if last else hist)]
 
-    rows = [f"| mode | tool errors per call in correct trajectories, last {window} steps (pooled) | per seed | "
-            "the same, kept for the update | the same, whole stage | accuracy, last steps |", "|---|---|---|---|---|---|"]
+    rows = [
+        f"| mode | tool errors per call in correct trajectories, last {window} steps (pooled) | "
+        "per seed | the same, kept for the update | the same, whole stage | accuracy, last steps |",
+        "|---|---|---|---|---|---|",
+    ]
     end = {}
     for mode, runs in histories.items():
         tail = steps(runs, window)
         end[mode] = pooled_error_rate(tail)
         seeds = ", ".join(f"{pooled_error_rate(hist[-window:]):.3f}" for hist in runs.values())
-        rows.append(f"| {mode} | {end[mode]:.3f} | {seeds} | {pooled_error_rate(tail, 'positive_kept'):.3f} | "
-                    f"{pooled_error_rate(steps(runs)):.3f} | {sum(h['accuracy'] for h in tail) / len(tail):.3f} |")
+        rows.append(
+            f"| {mode} | {end[mode]:.3f} | {seeds} | "
+            f"{pooled_error_rate(tail, 'positive_kept'):.3f} | "
+            f"{pooled_error_rate(steps(runs)):.3f} | "
+            f"{sum(h['accuracy'] for h in tail) / len(tail):.3f} |"
+        )
     return rows, end["roc"] < end["grpo"]
 
 
-def write_recipe_benchmark(config: str, outs: dict[str, StageOutput], wall: float, out: str = "docs/benchmarks.md",
-                           png: str = "docs/tiny_ablation.png", seeds: int = 3) -> str:
+def write_recipe_benchmark(
+    config: str,
+    outs: dict[str, StageOutput],
+    wall: float,
+    out: str = "docs/benchmarks.md",
+    png: str = "docs/tiny_ablation.png",
+    seeds: int = 3,
+) -> str:
     """The section for one finished run of the recipe in `config` (`outs`: the pipeline's
     outputs, `wall`: how long the run that returned them took), with the ablation run here."""
     recipe = load_recipe(config)
@@ -159,31 +206,52 @@ def write_recipe_benchmark(config: str, outs: dict[str, StageOutput], wall: floa
     acc = {name: overall_accuracy(s) for name, s in summaries.items()}
     histories = ablation(recipe, outs["sft"].model.uri, seeds)
     # the per-step histories beside the plot, to re-plot or re-read
-    atomic_write_text(os.path.splitext(png)[0] + ".json", json.dumps(histories, indent=1, default=str))
+    atomic_write_text(
+        os.path.splitext(png)[0] + ".json", json.dumps(histories, indent=1, default=str)
+    )
     plot_ablation(histories, png)
     window = end_window(recipe.rl[0].steps)
     table, met = ablation_table(histories, window)
 
     recipe_s = sum(seconds.get(s, 0.0) for s in RECIPE_STAGES)
     lines = [
-        "## Tiny recipe (`rstar bench-recipe`)", "",
-        f"`{config}` on this machine ({os.cpu_count()} CPUs), measured by `rstar bench-recipe --config {config}`.",
-        "Stage times are those of the MLflow runs that computed each stage (a cached re-run costs seconds).", "",
-        "| stage | seconds |", "|---|---|",
-        *(f"| {s} | {seconds[s]:.0f} |" for s in ("base", "problems", *RECIPE_STAGES, "evaluate") if s in seconds),
-        f"| **recipe (SFT + 3 RL stages + mining)** | **{recipe_s:.0f}** (target <= 900) |", "",
-        f"This invocation's wall time (cached stages included): {wall:.0f} s.", "",
+        "## Tiny recipe (`rstar bench-recipe`)",
+        "",
+        f"`{config}` on this machine ({os.cpu_count()} CPUs), measured by `rstar bench-recipe "
+        f"--config {config}`.",
+        "Stage times are those of the MLflow runs that computed each stage (a cached re-run costs "
+        "seconds).",
+        "",
+        "| stage | seconds |",
+        "|---|---|",
+        *(
+            f"| {s} | {seconds[s]:.0f} |"
+            for s in ("base", "problems", *RECIPE_STAGES, "evaluate")
+            if s in seconds
+        ),
+        f"| **recipe (SFT + 3 RL stages + mining)** | **{recipe_s:.0f}** (target <= 900) |",
+        "",
+        f"This invocation's wall time (cached stages included): {wall:.0f} s.",
+        "",
         "Held-out accuracy (avg pass@1 over all held-out problems, "
-        f"k={recipe.eval.k}, temperature {recipe.eval.temperature}):", "",
-        "| checkpoint | accuracy |", "|---|---|",
-        *(f"| {name} | {a:.3f} |" for name, a in acc.items()), "",
-        f"Targets: SFT <= 0.30 ({'met' if acc['sft'] <= 0.30 else 'NOT met'}); "
-        f"after stage 3 >= 0.80 ({'met' if acc[recipe.rl[-1].name] >= 0.80 else 'NOT met'}) and +0.40 over SFT "
-        f"({'met' if acc[recipe.rl[-1].name] - acc['sft'] >= 0.40 else 'NOT met'}).", "",
-        f"Ablation, RL stage 1 from the same SFT checkpoint, {recipe.rl[0].steps} steps, both modes with "
-        f"the same {seeds} seeds (prompts, sampling and RoC draws), compared over the last {window} steps "
-        f"(![curves]({os.path.basename(png)})):", "",
-        *table, "",
+        f"k={recipe.eval.k}, temperature {recipe.eval.temperature}):",
+        "",
+        "| checkpoint | accuracy |",
+        "|---|---|",
+        *(f"| {name} | {a:.3f} |" for name, a in acc.items()),
+        "",
+        f"Targets: SFT <= 0.30 ({'met' if acc['sft'] <= 0.30 else 'NOT met'}); after stage 3 >= "
+        f"0.80 ({'met' if acc[recipe.rl[-1].name] >= 0.80 else 'NOT met'}) and "
+        "+0.40 over SFT "
+        f"({'met' if acc[recipe.rl[-1].name] - acc['sft'] >= 0.40 else 'NOT met'}).",
+        "",
+        f"Ablation, RL stage 1 from the same SFT checkpoint, {recipe.rl[0].steps} steps, both "
+        "modes with "
+        f"the same {seeds} seeds (prompts, sampling and RoC draws), compared over the last "
+        f"{window} steps (![curves]({os.path.basename(png)})):",
+        "",
+        *table,
+        "",
         f"Target: RoC below GRPO in the correct trajectories sampled, pooled over the seeds "
         f"({'met' if met else 'NOT met'}; the kept ones are lower under RoC by selection alone).",
     ]

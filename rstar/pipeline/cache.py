@@ -7,6 +7,7 @@
   the next run after a kill) resumes there; a run of another recipe or from another input
   model never does.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,12 +57,17 @@ def outputs_exist(recipe: Recipe, stage: str, inputs: StageInputs) -> bool:
     """Whether a stage's outputs are still in storage, as this recipe and these inputs made
     them (a cached result is only reused if so)."""
     layout = Layout(recipe.storage_root)
-    paths = {"problems": [layout.dataset("train_problems"), layout.dataset("eval_problems")],
-             "mine": [layout.dataset("hard_problems")],
-             "evaluate": [f"{layout.reports(inputs.report_name)}/summary.json"]}.get(stage)
+    paths = {
+        "problems": [layout.dataset("train_problems"), layout.dataset("eval_problems")],
+        "mine": [layout.dataset("hard_problems")],
+        "evaluate": [f"{layout.reports(inputs.report_name)}/summary.json"],
+    }.get(stage)
     if paths is None:  # a model stage
-        paths = [f"{layout.model(stage)}/{dirs.POINTER}" if is_remote(layout.root) else
-                 os.path.join(layout.model(stage), "config.json")]
+        paths = [
+            f"{layout.model(stage)}/{dirs.POINTER}"
+            if is_remote(layout.root)
+            else os.path.join(layout.model(stage), "config.json")
+        ]
     fs, _ = filesystem(paths[0])
     if not all(fs.exists(filesystem(p)[1]) for p in paths):
         return False

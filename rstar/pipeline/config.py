@@ -5,6 +5,7 @@ key path (`rl.1.max_turns`) or the path that does not exist. The trainers' own d
 (SFTConfig, StageConfig, RoCConfig, EvalConfig) are the schema of their sections, so a
 field added to a trainer is a field of the recipe.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,11 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 import rstar
 from rstar.agent.format import STYLES
-from rstar.data import check_names
+from rstar.data import check_names, synth
 from rstar.data import sft as sft_data
 from rstar.data.curate import SourceSpec
 from rstar.data.sources import column_error
-from rstar.data import synth
 from rstar.errors import NotRetryable
 from rstar.eval.run import EvalConfig
 from rstar.pipeline.records import StageInputs
@@ -50,6 +50,7 @@ class Synthetic(_Strict):
 
 class ProblemSet(_Strict):
     """Synthetic problems, or files (Parquet/JSONL, local or s3://, 'path:preset') to curate."""
+
     synthetic: Synthetic | None = None
     files: list[str] = []
 
@@ -63,14 +64,17 @@ class ProblemSet(_Strict):
 class BaseModelSpec(_Strict):
     """The model SFT starts from: a tiny one built here (tokenizer trained, weights pretrained
     on generated text), or a Hugging Face directory or hub name."""
+
     build_tiny: bool = True
     path: str | None = None
     hidden: int = 192
     layers: int = 4
-    number_chunk: int = Field(0, ge=0, le=3)  # digits per number token, 0: one per digit (rstar.model.tiny.build_tokenizer)
+    number_chunk: int = Field(
+        0, ge=0, le=3
+    )  # digits per number token, 0: one per digit (rstar.model.tiny.build_tokenizer)
     pretrain_steps: int = 1500
     pretrain_lr: float = 2e-3
-    pretrain_batch: int = 16      # rows of pretrain_seq_len packed tokens
+    pretrain_batch: int = 16  # rows of pretrain_seq_len packed tokens
     pretrain_seq_len: int = 192
     seed: int = 0
     # A directory holding this tiny base already built (`rstar model build-base`): used when its
@@ -89,6 +93,7 @@ class BaseModelSpec(_Strict):
 class SFTSection(_Strict):
     """Generated non-reasoning chats (`examples` of `tasks`), or chat files to load instead
     (JSONL/Parquet of OpenAI-style messages, local or s3://)."""
+
     examples: int = Field(1000, gt=0)
     tasks: list[str] | None = None
     files: list[str] = []
@@ -102,8 +107,8 @@ class SFTSection(_Strict):
 
 
 class MineSection(_Strict):
-    after: str = "rl2"          # the stage whose policy decides what is hard
-    k: int = 4                   # rollouts per problem; a problem solved k/k is easy
+    after: str = "rl2"  # the stage whose policy decides what is hard
+    k: int = 4  # rollouts per problem; a problem solved k/k is easy
     problems: int | None = None  # mine among this many training problems (all by default)
     max_response_tokens: int = 384
     max_turns: int = 4
@@ -111,9 +116,9 @@ class MineSection(_Strict):
 
 
 class Resources(_Strict):
-    cpus: float = 1    # per stage job
-    gpus: float = 0    # per stage job (the verl engine: GPUs per node)
-    nodes: int = 1     # the verl engine: nodes per RL stage
+    cpus: float = 1  # per stage job
+    gpus: float = 0  # per stage job (the verl engine: GPUs per node)
+    nodes: int = 1  # the verl engine: nodes per RL stage
 
 
 class Retries(_Strict):
@@ -131,8 +136,12 @@ class Recipe(_Strict):
     name: str
     storage_root: str
     prompt_style: Literal[tuple(STYLES)] = "paper"  # type: ignore[valid-type]
-    engine: Literal["local", "verl"] = "local"   # RL stages: this machine's trainer, or verl on the Ray cluster
-    sandbox_url: str | None = None               # the verl engine's sandbox service (rstar sandbox serve); on CPU, started per stage
+    engine: Literal["local", "verl"] = (
+        "local"  # RL stages: this machine's trainer, or verl on the Ray cluster
+    )
+    sandbox_url: str | None = (
+        None  # the verl engine's sandbox service (rstar sandbox serve); on CPU, started per stage
+    )
     base: BaseModelSpec = BaseModelSpec()
     train_problems: ProblemSet
     eval_problems: ProblemSet
@@ -140,7 +149,7 @@ class Recipe(_Strict):
     rl: list[StageConfig]
     mine: MineSection = MineSection()
     eval: EvalConfig = EvalConfig()
-    expect: Expect = Expect()                    # what the final verdict calls learning (rstar.pipeline.verdict)
+    expect: Expect = Expect()  # what the final verdict calls learning (rstar.pipeline.verdict)
     resources: Resources = Resources()
     retries: Retries = Retries()
     tracking: Tracking = Tracking()
@@ -148,18 +157,24 @@ class Recipe(_Strict):
     @model_validator(mode="after")
     def _stages(self):
         if self.engine == "verl" and self.resources.gpus and not self.sandbox_url:
-            raise ValueError("engine 'verl' on GPUs needs sandbox_url, the cluster's sandbox service "
-                             "(with resources.gpus: 0 verl runs on this CPU and starts its own)")
+            raise ValueError(
+                "engine 'verl' on GPUs needs sandbox_url, the cluster's sandbox service (with "
+                "resources.gpus: 0 verl runs on this CPU and starts its own)"
+            )
         names = [s.name for s in self.rl]
         if len(set(names)) != len(names):
             raise ValueError(f"RL stage names repeat: {names}")
         for s in self.rl:
             if s.mini_batches < 1 or s.prompts_per_step % s.mini_batches:
-                raise ValueError(f"rl stage {s.name}: mini_batches ({s.mini_batches}) must divide "
-                                 f"prompts_per_step ({s.prompts_per_step})")
+                raise ValueError(
+                    f"rl stage {s.name}: mini_batches ({s.mini_batches}) must divide "
+                    f"prompts_per_step ({s.prompts_per_step})"
+                )
         if self.mine.after not in names[:-1]:
-            raise ValueError(f"mine.after must name an RL stage before the last ({names[:-1]}), "
-                             f"not {self.mine.after!r}")
+            raise ValueError(
+                f"mine.after must name an RL stage before the last ({names[:-1]}), not "
+                f"{self.mine.after!r}"
+            )
         return self
 
     def digest(self) -> str:
@@ -170,20 +185,35 @@ class Recipe(_Strict):
         """The part of the recipe a stage's result depends on (with its inputs' digests, its
         cache key): editing the evaluation protocol does not re-run SFT."""
         dump = self.model_dump(mode="json")
-        # the engine too where it runs the stage (verl or the local trainer; replicas or in process):
-        # switching it must not serve the other engine's result from cache
-        parts = {"base": ["base"], "problems": ["train_problems", "eval_problems"], "sft": ["sft", "prompt_style", "engine"],
-                 "mine": ["mine", "prompt_style", "engine"], "evaluate": ["eval", "expect", "prompt_style", "engine"]}
+        # the engine too where it runs the stage (verl or the local trainer; replicas or in
+        # process): switching it must not serve the other engine's result from cache
+        parts = {
+            "base": ["base"],
+            "problems": ["train_problems", "eval_problems"],
+            "sft": ["sft", "prompt_style", "engine"],
+            "mine": ["mine", "prompt_style", "engine"],
+            "evaluate": ["eval", "expect", "prompt_style", "engine"],
+        }
         if stage in parts:
             return {k: dump[k] for k in parts[stage]}
-        return {"rl": next(s for s in dump["rl"] if s["name"] == stage), "prompt_style": self.prompt_style,
-                "engine": self.engine}
+        return {
+            "rl": next(s for s in dump["rl"] if s["name"] == stage),
+            "prompt_style": self.prompt_style,
+            "engine": self.engine,
+        }
 
     def cache_key(self, stage: str, inputs: StageInputs) -> str:
         """Names a stage's outputs: its recipe section, inputs, storage root and the code's
-        version (bumped when a change alters what a stage produces, so no stale result is served)."""
-        return f"{self.name}-{stage}-" + _digest({"section": self.section(stage), "root": self.storage_root,
-                                                   "inputs": inputs.key(), "version": rstar.__version__})
+        version (bumped when a change alters what a stage produces, so no stale result is
+        served)."""
+        return f"{self.name}-{stage}-" + _digest(
+            {
+                "section": self.section(stage),
+                "root": self.storage_root,
+                "inputs": inputs.key(),
+                "version": rstar.__version__,
+            }
+        )
 
 
 def _digest(obj) -> str:
@@ -243,15 +273,20 @@ def load_recipe(path: str, overrides: dict | None = None, *, check_inputs: bool 
     try:
         recipe = Recipe.model_validate(raw)
     except ValidationError as e:
-        problems = [f"{_where(err['loc'])}: " + (f"unknown key{_did_you_mean(err['loc'])}" if err["type"] in _UNKNOWN
-                                                  else err["msg"]) for err in e.errors()]
+        problems = [
+            f"{_where(err['loc'])}: "
+            + (f"unknown key{_did_you_mean(err['loc'])}" if err["type"] in _UNKNOWN else err["msg"])
+            for err in e.errors()
+        ]
         raise ConfigError(f"{path}: " + "; ".join(problems)) from None
     for where, uri, spec in _input_files(recipe) if check_inputs else ():
         try:
             fs, inner = filesystem(uri)
             found = fs.exists(inner)
         except Exception as e:  # noqa: BLE001 - no credentials, no endpoint, no network: say which
-            raise ConfigError(f"{path}: {where}: cannot check {uri} ({type(e).__name__}: {e})") from None
+            raise ConfigError(
+                f"{path}: {where}: cannot check {uri} ({type(e).__name__}: {e})"
+            ) from None
         if not found:
             raise ConfigError(f"{path}: {where}: {uri} does not exist")
         problem, names = _unreadable(fs, inner)
@@ -292,7 +327,9 @@ def _input_files(recipe: Recipe):
     for section in ("train_problems", "eval_problems"):
         for i, text in enumerate(getattr(recipe, section).files):
             spec = SourceSpec.parse(text)
-            if spec.path.startswith(("/", ".", "s3://")) or spec.path.endswith((".parquet", ".jsonl")):
+            if spec.path.startswith(("/", ".", "s3://")) or spec.path.endswith(
+                (".parquet", ".jsonl")
+            ):
                 yield f"{section}.files.{i}", spec.path, spec  # anything else is a hub dataset name
     if recipe.base.path and recipe.base.path.startswith(("/", ".", "s3://")):
         yield "base.path", recipe.base.path, None

@@ -5,6 +5,7 @@ Ray does not retry (max_retries=0): Prefect owns retries, and a retried stage re
 its own checkpoint. The worker records its PID beside the stage's working directory, so an
 operator (or the fault test) can find and kill exactly that process.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,14 @@ from rstar.pipeline.records import StageInputs, StageOutput
 FORWARDED = ("RSTAR_", "AWS_", "MLFLOW_", "HF_", "ATEN_")
 
 
-def run_job(stage: str, recipe: Recipe, inputs: StageInputs, tracking_uri: str, run_id: str,
-            on_progress: Callable[[tuple], None] | None = None) -> StageOutput:
+def run_job(
+    stage: str,
+    recipe: Recipe,
+    inputs: StageInputs,
+    tracking_uri: str,
+    run_id: str,
+    on_progress: Callable[[tuple], None] | None = None,
+) -> StageOutput:
     """Run `stage` in a Ray worker and return its outputs (raises what the stage raised, or
     ray's error when the worker died). With `on_progress`, the worker's progress ticks
     (rstar.pipeline.progress) come to it, through a Ray queue, instead of being logged."""
@@ -34,8 +41,13 @@ def run_job(stage: str, recipe: Recipe, inputs: StageInputs, tracking_uri: str, 
 
         raise NotRetryable(missing)
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED)}
-    job = ray.remote(_job).options(num_cpus=recipe.resources.cpus, num_gpus=driver_gpus(stage, recipe), max_retries=0,
-                                   runtime_env={"env_vars": env}, name=f"rstar:{stage}")
+    job = ray.remote(_job).options(
+        num_cpus=recipe.resources.cpus,
+        num_gpus=driver_gpus(stage, recipe),
+        max_retries=0,
+        runtime_env={"env_vars": env},
+        name=f"rstar:{stage}",
+    )
     if on_progress is None:
         return ray.get(job.remote(stage, recipe, inputs, tracking_uri, run_id, None))
     from ray.util.queue import Queue
@@ -69,16 +81,20 @@ def shortfall(stage: str, recipe: Recipe, nodes: list[dict]) -> str | None:
     engine replica on each of those GPUs)."""
     alive = [n["Resources"] for n in nodes if n.get("Alive", True)]
     total = {k: sum(r.get(k, 0) for r in alive) for k in ("CPU", "GPU")}
-    missing = [f"{need:g} {kind}s for its own task, the cluster has {total[kind]:g}"
-               for kind, need in (("CPU", recipe.resources.cpus), ("GPU", driver_gpus(stage, recipe)))
-               if need > total[kind]]
+    missing = [
+        f"{need:g} {kind}s for its own task, the cluster has {total[kind]:g}"
+        for kind, need in (("CPU", recipe.resources.cpus), ("GPU", driver_gpus(stage, recipe)))
+        if need > total[kind]
+    ]
     workers = stage in {"sft", "mine", "evaluate"} | {s.name for s in recipe.rl}
     if recipe.engine == "verl" and recipe.resources.gpus and workers:
         per_node, wanted = recipe.resources.gpus, recipe.resources.nodes
         fit = sum(1 for r in alive if r.get("GPU", 0) >= per_node)
         if fit < wanted:
-            missing.append(f"{wanted} nodes with {per_node:g} GPUs each for verl's workers, the cluster has {fit} "
-                           f"({total['GPU']:g} GPUs in all)")
+            missing.append(
+                f"{wanted} nodes with {per_node:g} GPUs each for verl's workers, the cluster has "
+                f"{fit} ({total['GPU']:g} GPUs in all)"
+            )
     return f"stage {stage} needs " + "; ".join(missing) if missing else None
 
 
@@ -86,7 +102,9 @@ def pid_file(recipe: Recipe, stage: str) -> str:
     return Layout(recipe.storage_root).work(stage) + ".pid"
 
 
-def _job(stage: str, recipe: Recipe, inputs: StageInputs, tracking_uri: str, run_id: str, ticks) -> StageOutput:
+def _job(
+    stage: str, recipe: Recipe, inputs: StageInputs, tracking_uri: str, run_id: str, ticks
+) -> StageOutput:
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -97,7 +115,8 @@ def _job(stage: str, recipe: Recipe, inputs: StageInputs, tracking_uri: str, run
 
     configure()  # at the driver's level (RSTAR_LOG_LEVEL, forwarded)
     torch.set_num_threads(max(1, int(recipe.resources.cpus)))
-    hf_logging.disable_progress_bar()  # a "Loading weights" / "Writing model shards" bar per checkpoint is noise
+    # a "Loading weights" / "Writing model shards" bar per checkpoint is noise
+    hf_logging.disable_progress_bar()
     atomic_write_text(pid_file(recipe, stage), str(os.getpid()))
     with progress.connected(ticks.put_nowait if ticks is not None else None):
         return stages.run(stage, recipe, inputs, StageLog(tracking_uri, run_id))

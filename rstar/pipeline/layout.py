@@ -1,4 +1,5 @@
 """Where each stage's files live under the storage root (a local directory or s3://prefix)."""
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ composed with verl's own Hydra schema and put through `validate_config`, the che
 entry point runs before it starts Ray, so a recipe that verl would refuse fails here, naming
 the stage and verl's message, instead of minutes into a cluster run.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,7 +51,9 @@ def check_verl(overrides: list[str]):
 
     cfg = compose_verl(overrides)
     with contextlib.redirect_stdout(sys.stderr):  # verl prints its verdict; stdout may be --json
-        validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+        validate_config(
+            cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg)
+        )
     return cfg
 
 
@@ -75,20 +78,41 @@ def _verl_command(recipe: Recipe, layout: Layout, name: str, before: str) -> lis
     rl = next((s for s in recipe.rl if s.name == name), None)
     if recipe.engine != "verl" or (rl is None and name != "sft"):
         return None
-    work = f"{layout.work_uri(name)}/RUN"  # named at run time by the recipe and inputs (rstar.pipeline.cache.work_dir)
+    # named at run time by the recipe and inputs (rstar.pipeline.cache.work_dir)
+    work = f"{layout.work_uri(name)}/RUN"
     device, n_gpus = "gpu" if recipe.resources.gpus else "cpu", int(recipe.resources.gpus) or 1
     if rl is None:
-        cmd, check = sft_command(replace(recipe.sft.train, prompt_style=recipe.prompt_style),
-                                 model=dirs.local_dir(layout.model(before)), train_files=layout.dataset("sft"),
-                                 out_dir=work, n_gpus=n_gpus, nodes=recipe.resources.nodes,
-                                 experiment=recipe.tracking.experiment, device=device), check_verl_sft
+        cmd, check = (
+            sft_command(
+                replace(recipe.sft.train, prompt_style=recipe.prompt_style),
+                model=dirs.local_dir(layout.model(before)),
+                train_files=layout.dataset("sft"),
+                out_dir=work,
+                n_gpus=n_gpus,
+                nodes=recipe.resources.nodes,
+                experiment=recipe.tracking.experiment,
+                device=device,
+            ),
+            check_verl_sft,
+        )
     else:
-        cmd, check = verl_command(replace(rl, prompt_style=recipe.prompt_style), model=dirs.local_dir(layout.model(before)),
-                                  train_files=f"{work}/verl_train.parquet", val_files=f"{work}/verl_val.parquet",
-                                  agent_loop_config=f"{work}/agent_loops.yaml", sandbox_url=recipe.sandbox_url,
-                                  out_dir=work, n_gpus=n_gpus, nodes=recipe.resources.nodes,
-                                  experiment=recipe.tracking.experiment, router_config=f"{work}/router.yaml",
-                                  device=device), check_verl
+        cmd, check = (
+            verl_command(
+                replace(rl, prompt_style=recipe.prompt_style),
+                model=dirs.local_dir(layout.model(before)),
+                train_files=f"{work}/verl_train.parquet",
+                val_files=f"{work}/verl_val.parquet",
+                agent_loop_config=f"{work}/agent_loops.yaml",
+                sandbox_url=recipe.sandbox_url,
+                out_dir=work,
+                n_gpus=n_gpus,
+                nodes=recipe.resources.nodes,
+                experiment=recipe.tracking.experiment,
+                router_config=f"{work}/router.yaml",
+                device=device,
+            ),
+            check_verl,
+        )
     try:
         check(cmd[3:])
     except Exception as e:  # noqa: BLE001 - Hydra, OmegaConf and verl's asserts: say which stage
@@ -118,6 +142,9 @@ def plan(recipe: Recipe) -> list[dict]:
             engine = f"{served['kind']}-replicas"
             resources["replicas"] = served["replicas"]
         if engine == "verl":
-            resources["verl_workers"] = {"nodes": recipe.resources.nodes, "gpus_per_node": recipe.resources.gpus}
+            resources["verl_workers"] = {
+                "nodes": recipe.resources.nodes,
+                "gpus_per_node": recipe.resources.gpus,
+            }
         stages.append({"name": name, "engine": engine, "resources": resources, "command": command})
     return stages

@@ -5,6 +5,7 @@ draws a rich progress bar per task (pretrain, sft, rl1, mine, eval/rl3 ...) from
 worker sends it (`connected`, rstar.pipeline.launch); piped to a file or a CI log, the worker
 logs plain lines instead (rstar.logs), with the same figures.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,7 +48,9 @@ class StepClock:
             self.before = step - 1
         spent = time.monotonic() - self.start
         left = spent / (step - self.before) * (self.total - step)
-        return f"{self.unit} {step}/{self.total}, {_span(spent)}" + (f", ~{_span(left)} left" if step < self.total else "")
+        return f"{self.unit} {step}/{self.total}, {_span(spent)}" + (
+            f", ~{_span(left)} left" if step < self.total else ""
+        )
 
     def tick(self, step: int, text: str = "") -> None:
         where = self.where(step)  # every step: the rate counts from the first step seen
@@ -70,12 +73,26 @@ class Bars:
     While it is shown, whatever the process prints goes above the bars (rich's redirection)."""
 
     def __init__(self) -> None:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-        self.progress = Progress(TextColumn("[bold]{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-                                 TextColumn("{task.fields[text]}"), redirect_stdout=True, redirect_stderr=True)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description:<10}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[text]}"),
+            redirect_stdout=True,
+            redirect_stderr=True,
+        )
         self.tasks: dict[str, int] = {}
 
     def __enter__(self) -> Bars:

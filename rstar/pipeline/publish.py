@@ -1,6 +1,7 @@
 """A stage's model in storage: published whole and atomically, with the prompt style it was
 trained with beside it (`rstar eval` reads it back), and loaded back by the stages that train
 or probe it."""
+
 from __future__ import annotations
 
 from rstar.agent.format import save_style
@@ -17,12 +18,15 @@ def load(uri: str):
     path = dirs.pull(uri)
     if path is None:
         raise FileNotFoundError(f"no model stored at {uri}")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32
+    ), AutoTokenizer.from_pretrained(path)
 
 
 def publish(uri: str, fill, style: str | None = None) -> str:
     """Store a finished model directory at `uri` atomically: `fill(tmp_dir)` writes it, then
     it replaces the old one whole (and is pushed, for a remote root)."""
+
     def fill_with_style(tmp: str) -> None:
         fill(tmp)
         if style:
@@ -35,6 +39,7 @@ def publish(uri: str, fill, style: str | None = None) -> str:
 
 def save(model, tokenizer, uri: str, style: str | None = None) -> str:
     """`publish` a model and tokenizer held in memory."""
+
     def fill(tmp: str) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

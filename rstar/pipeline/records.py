@@ -6,6 +6,7 @@ plain dataclasses: Prefect persists an output as its task's result, Ray ships bo
 stage's worker, and `StageInputs.key()` is the part of a stage's cache key that names its
 inputs (rstar.pipeline.config.Recipe.cache_key).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
@@ -32,11 +33,13 @@ class ModelRef(Stored):
 
 @dataclass
 class StageInputs:
-    model: ModelRef | None = None     # sft, RL stages, mining: the model it starts from
-    problems: Stored | None = None    # RL stages, mining, evaluation: the problems it works on
+    model: ModelRef | None = None  # sft, RL stages, mining: the model it starts from
+    problems: Stored | None = None  # RL stages, mining, evaluation: the problems it works on
     models: dict[str, ModelRef] = field(default_factory=dict)  # evaluation: checkpoints by name
-    copying: dict[str, dict] = field(default_factory=dict)     # evaluation: copy_* probes of base and SFT
-    report_name: str = "eval"         # evaluation: its directory under reports/ (a re-evaluation's own)
+    copying: dict[str, dict] = field(
+        default_factory=dict
+    )  # evaluation: copy_* probes of base and SFT
+    report_name: str = "eval"  # evaluation: its directory under reports/ (a re-evaluation's own)
 
     def key(self) -> dict:
         """What names these inputs in a cache key (every field, as plain JSON values)."""
@@ -48,22 +51,22 @@ class Evaluation:
     """What the evaluation stage found: per checkpoint and benchmark, the protocol's figures."""
 
     summaries: dict[str, dict]
-    table: str                 # the markdown table, checkpoints side by side
-    learnt: bool | None        # the recipe's verdict (None for a re-evaluation's own pick of models)
+    table: str  # the markdown table, checkpoints side by side
+    learnt: bool | None  # the recipe's verdict (None for a re-evaluation's own pick of models)
     verdict: list[str]
 
 
 @dataclass
 class StageOutput:
     stage: str
-    metrics: dict = field(default_factory=dict)     # headline figures, shown in the stage's summary
-    model: ModelRef | None = None                   # the stages that make a model
+    metrics: dict = field(default_factory=dict)  # headline figures, shown in the stage's summary
+    model: ModelRef | None = None  # the stages that make a model
     datasets: dict[str, Stored] = field(default_factory=dict)  # problems: train, eval; mining: hard
-    trajectories: str | None = None                 # RL stages: every step's rollouts (Parquet)
-    steps: int | None = None                        # RL stages: steps in the history
-    report: str | None = None                       # evaluation: the report's directory
+    trajectories: str | None = None  # RL stages: every step's rollouts (Parquet)
+    steps: int | None = None  # RL stages: steps in the history
+    report: str | None = None  # evaluation: the report's directory
     evaluation: Evaluation | None = None
-    mlflow_run_id: str | None = None                # set by the stage's task
+    mlflow_run_id: str | None = None  # set by the stage's task
 
     def links(self) -> dict[str, str]:
         """Where to find what the stage made, for its summary."""

@@ -14,11 +14,12 @@ own process and storage root, varying what a user's machine varies:
 It reports per run the copy probes, held-out accuracy after SFT and each RL stage, the
 verdict, and the recipe's time, and checks the targets on every run, not on the mean.
 """
+
 from __future__ import annotations
 
 import json
-import os
 import logging
+import os
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -51,9 +52,15 @@ def variants(recipe, seeds: int, rebuild_base: bool) -> list[Variant]:
     can run, then seed 0 on one thread."""
     native = native_capability()
     kernels = ["default", "avx2"] + (["avx512"] if native == "avx512" else [])
-    out = [Variant(f"seed {s}, {native}, {int(recipe.resources.cpus)} threads", s) for s in range(seeds)]
-    out += [Variant(f"seed 0, {k}, {int(recipe.resources.cpus)} threads", 0, {"ATEN_CPU_CAPABILITY": k})
-            for k in kernels if k != native]
+    out = [
+        Variant(f"seed {s}, {native}, {int(recipe.resources.cpus)} threads", s)
+        for s in range(seeds)
+    ]
+    out += [
+        Variant(f"seed 0, {k}, {int(recipe.resources.cpus)} threads", 0, {"ATEN_CPU_CAPABILITY": k})
+        for k in kernels
+        if k != native
+    ]
     out.append(Variant(f"seed 0, {native}, 1 thread", 0, overrides={"resources.cpus": 1}))
     for v in out:
         v.overrides.update(seed_overrides(recipe, v.seed, rebuild_base))
@@ -74,8 +81,11 @@ def run_variant(config: str, variant: Variant, root: str, rstar_command: list[st
     """One whole pipeline run in a fresh process (the kernel set is fixed when torch loads),
     through `rstar_command ... pipeline run`; returns its report (`--report-json`)."""
     report = os.path.join(root, "report.json")
-    sets = {**variant.overrides, "storage_root": root,
-            "tracking.tracking_uri": f"sqlite:///{os.path.abspath(root)}/mlruns.db"}
+    sets = {
+        **variant.overrides,
+        "storage_root": root,
+        "tracking.tracking_uri": f"sqlite:///{os.path.abspath(root)}/mlruns.db",
+    }
     cmd = [*rstar_command, "pipeline", "run", "--config", config, "--report-json", report]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={json.dumps(value)}"]
@@ -87,26 +97,38 @@ def run_variant(config: str, variant: Variant, root: str, rstar_command: list[st
 def meets(report: dict) -> dict[str, bool]:
     acc = report["accuracy"]
     sft, final = acc["sft"], list(acc.values())[-1]
-    return {"sft": sft <= TARGETS["sft_max"], "final": final >= TARGETS["final_min"],
-            "gain": final - sft >= TARGETS["gain_min"]}
+    return {
+        "sft": sft <= TARGETS["sft_max"],
+        "final": final >= TARGETS["final_min"],
+        "gain": final - sft >= TARGETS["gain_min"],
+    }
 
 
 def table(results: list[tuple[Variant, dict]]) -> list[str]:
     stages = list(results[0][1]["accuracy"])
-    rows = ["| run | base repeat | SFT into_call / read_back | " + " | ".join(stages) +
-            " | recipe s | targets |", "|---|---|---|" + "---|" * len(stages) + "---|---|"]
+    rows = [
+        "| run | base repeat | SFT into_call / read_back | "
+        + " | ".join(stages)
+        + " | recipe s | targets |",
+        "|---|---|---|" + "---|" * len(stages) + "---|---|",
+    ]
     for v, r in results:
         m, ok = r["metrics"], meets(r)
-        rows.append(f"| {v.label} | {m['base'].get('copy_repeat', float('nan')):.2f} | "
-                    f"{m['sft'].get('copy_into_call', float('nan')):.2f} / "
-                    f"{m['sft'].get('copy_read_back', float('nan')):.2f} | "
-                    + " | ".join(f"{r['accuracy'][s]:.3f}" for s in stages)
-                    + f" | {r['recipe_seconds']:.0f} | {'met' if all(ok.values()) else 'NOT met: ' + ', '.join(k for k, v in ok.items() if not v)} |")
+        missed = ", ".join(k for k, v in ok.items() if not v)
+        verdict = f"NOT met: {missed}" if missed else "met"
+        rows.append(
+            f"| {v.label} | {m['base'].get('copy_repeat', float('nan')):.2f} | "
+            f"{m['sft'].get('copy_into_call', float('nan')):.2f} / "
+            f"{m['sft'].get('copy_read_back', float('nan')):.2f} | "
+            + " | ".join(f"{r['accuracy'][s]:.3f}" for s in stages)
+            + f" | {r['recipe_seconds']:.0f} | {verdict} |"
+        )
     return rows
 
 
-def run_robustness(config: str, out: str, seeds: int, rebuild_base: bool, root: str,
-                   rstar_command: list[str]) -> str:
+def run_robustness(
+    config: str, out: str, seeds: int, rebuild_base: bool, root: str, rstar_command: list[str]
+) -> str:
     """Every variant's run (`rstar_command`: how to start the `rstar` command line), checked
     against the targets, as section `tiny-robustness` of `out`."""
     import torch
@@ -122,20 +144,32 @@ def run_robustness(config: str, out: str, seeds: int, rebuild_base: bool, root: 
         results.append((v, r))
         log.info("[robustness] %s: accuracy %s, targets %s", v.label, r["accuracy"], meets(r))
     every = all(all(meets(r).values()) for _, r in results)
-    base = "pretrained in each run (its seed moved with the run's)" if rebuild_base else \
-        f"the shipped one ({recipe.base.shipped})"
+    base = (
+        "pretrained in each run (its seed moved with the run's)"
+        if rebuild_base
+        else f"the shipped one ({recipe.base.shipped})"
+    )
     lines = [
-        "## Tiny recipe robustness (`rstar bench-recipe --robustness`)", "",
-        f"`rstar bench-recipe --config {config} --robustness --seeds {seeds}"
-        f"{' --rebuild-base' if rebuild_base else ''}` on {cpu_model()} ({os.cpu_count()} CPUs), "
-        f"torch {torch.__version__}, transformers {transformers.__version__} (constraints.txt), code version "
-        f"{rstar.__version__}, {time.strftime('%Y-%m-%d')}. Each run is the whole recipe from the base in a fresh process and storage "
-        f"root; the base is {base}. A seed moves SFT's data and order and every RL stage's prompts, sampling and "
-        "RoC draws; the kernel set (`ATEN_CPU_CAPABILITY`) and thread count stand in for other CPUs. Held-out "
-        f"accuracy is avg pass@1 over the {recipe.eval_problems.synthetic.n if recipe.eval_problems.synthetic else ''} "
-        f"held-out problems, k={recipe.eval.k}.", "",
-        *table(results), "",
-        f"Targets for every run: SFT <= {TARGETS['sft_max']}, stage 3 >= {TARGETS['final_min']} and at least "
-        f"+{TARGETS['gain_min']} over SFT: {'met by every run' if every else 'NOT met by every run'}.",
+        "## Tiny recipe robustness (`rstar bench-recipe --robustness`)",
+        "",
+        f"`rstar bench-recipe --config {config} --robustness --seeds "
+        f"{seeds}{' --rebuild-base' if rebuild_base else ''}` on {cpu_model()} ({os.cpu_count()} "
+        f"CPUs), torch {torch.__version__}, transformers {transformers.__version__} "
+        f"(constraints.txt), "
+        "code version "
+        f"{rstar.__version__}, {time.strftime('%Y-%m-%d')}. Each run is the whole recipe from the "
+        "base in a fresh process and storage "
+        f"root; the base is {base}. A seed moves SFT's data and order and every RL stage's "
+        "prompts, sampling and RoC draws; the kernel set (`ATEN_CPU_CAPABILITY`) and thread count "
+        "stand in for other CPUs. Held-out accuracy is avg pass@1 over the "
+        f"{recipe.eval_problems.synthetic.n if recipe.eval_problems.synthetic else ''} held-out "
+        f"problems, k={recipe.eval.k}.",
+        "",
+        *table(results),
+        "",
+        f"Targets for every run: SFT <= {TARGETS['sft_max']}, stage 3 >= {TARGETS['final_min']} "
+        "and at least "
+        f"+{TARGETS['gain_min']} over SFT: "
+        f"{'met by every run' if every else 'NOT met by every run'}.",
     ]
     return publish(out, "tiny-robustness", lines)

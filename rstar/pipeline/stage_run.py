@@ -6,6 +6,7 @@ instead of leaving them in an orphan: the run's id is kept in the stage's workin
 beside the checkpoints it belongs to. A fresh working directory (another recipe, other inputs)
 gets a fresh run.
 """
+
 from __future__ import annotations
 
 from rstar.pipeline.cache import resumes, work_uri
@@ -17,17 +18,25 @@ from rstar.tracking import mlflow_log as ml
 RUN_ID = "mlflow_run_id"
 
 
-def open_stage_run(tracking_uri: str, recipe: Recipe, stage: str, inputs: StageInputs, parent: str,
-                   tags: dict) -> tuple[str, bool]:
-    """(run id, whether it continues an earlier attempt's run) for `stage` under the pipeline run `parent`."""
+def open_stage_run(
+    tracking_uri: str, recipe: Recipe, stage: str, inputs: StageInputs, parent: str, tags: dict
+) -> tuple[str, bool]:
+    """(run id, whether it continues an earlier attempt's run) for `stage` under the pipeline run
+    `parent`."""
     marker = f"{work_uri(recipe, stage, inputs)}/{RUN_ID}" if resumes(recipe, stage) else None
     if marker:
         fs, path = filesystem(marker)
         earlier = fs.cat_file(path).decode().strip() if fs.exists(path) else ""
         if earlier and ml.reopen_run(tracking_uri, earlier, parent=parent, tags=tags):
             return earlier, True
-    run_id = ml.start_run(tracking_uri, recipe.tracking.experiment, stage, parent=parent,
-                          params=recipe.section(stage), tags=tags)
+    run_id = ml.start_run(
+        tracking_uri,
+        recipe.tracking.experiment,
+        stage,
+        parent=parent,
+        params=recipe.section(stage),
+        tags=tags,
+    )
     if marker:
         atomic_write_text(marker, run_id)
     return run_id, False

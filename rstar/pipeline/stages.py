@@ -8,6 +8,7 @@ caches them, Ray runs them where their resources are, MLflow (rstar.tracking) re
 none of that is in here. With `engine: verl`, SFT and RL run verl's own trainers
 (rstar.pipeline.verl_stages).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,12 @@ def _copy_probe(model, tokenizer, log, recipe: Recipe, *, chat: bool) -> dict:
     when accuracy is low, since every solution copies numbers twice."""
     from rstar.eval.copying import copy_probe
 
-    scores = {f"copy_{k}": v for k, v in copy_probe(model, tokenizer, chat=chat,
-                                                   prompt_style=recipe.prompt_style).items()}
+    scores = {
+        f"copy_{k}": v
+        for k, v in copy_probe(
+            model, tokenizer, chat=chat, prompt_style=recipe.prompt_style
+        ).items()
+    }
     log.metrics(0, scores)
     return scores
 
@@ -49,15 +54,24 @@ def base(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
     manifest), built and pretrained here, or taken from a path/hub name."""
     spec = recipe.base
     if not spec.build_tiny:
-        return model_output(publish(layout.model("base"), lambda tmp: _copy_base(spec.path, tmp)), "base", {})
+        return model_output(
+            publish(layout.model("base"), lambda tmp: _copy_base(spec.path, tmp)), "base", {}
+        )
     if spec.shipped:
         from rstar.model.shipped import MANIFEST, check_shipped
 
         manifest = check_shipped(os.path.abspath(spec.shipped), spec)
-        log.tag("rstar.base_shipped", f"{spec.shipped} digest {manifest['digest']} built {manifest['built']} "
-                                      f"on {manifest['cpu']}")
-        uri = publish(layout.model("base"), lambda tmp: shutil.copytree(
-            os.path.abspath(spec.shipped), tmp, ignore=shutil.ignore_patterns(MANIFEST)))
+        log.tag(
+            "rstar.base_shipped",
+            f"{spec.shipped} digest {manifest['digest']} built {manifest['built']} on "
+            f"{manifest['cpu']}",
+        )
+        uri = publish(
+            layout.model("base"),
+            lambda tmp: shutil.copytree(
+                os.path.abspath(spec.shipped), tmp, ignore=shutil.ignore_patterns(MANIFEST)
+            ),
+        )
         model, tok = load(uri)
         copying = _copy_probe(model, tok, log, recipe, chat=False)
         return model_output(uri, "base", copying)  # its model digest is the manifest's digest
@@ -66,9 +80,15 @@ def base(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
     clock = StepClock(spec.pretrain_steps, "pretrain", every=50)
     model, tok, history = pretrain_base(spec, on_step=lambda s, m: _progress(log, clock, s, m))
     copying = _copy_probe(model, tok, log, recipe, chat=False)
-    return model_output(save(model, tok, layout.model("base")), "base",
-                        {"pretrain_loss": history[-1]["loss"] if history else None,
-                         "parameters": sum(p.numel() for p in model.parameters()), **copying})
+    return model_output(
+        save(model, tok, layout.model("base")),
+        "base",
+        {
+            "pretrain_loss": history[-1]["loss"] if history else None,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            **copying,
+        },
+    )
 
 
 def _copy_base(path: str, out: str) -> None:
@@ -82,7 +102,9 @@ def _copy_base(path: str, out: str) -> None:
     if not os.path.isdir(path):
         from huggingface_hub import snapshot_download
 
-        path = snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+        path = snapshot_download(
+            path, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+        )
     shutil.copytree(path, out)
     tok = AutoTokenizer.from_pretrained(path)
     tok.chat_template = CHAT_TEMPLATE
@@ -102,25 +124,37 @@ def problems(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
     for name in ("eval", "train"):  # eval first: training problems are decontaminated against it
         spec = recipe.eval_problems if name == "eval" else recipe.train_problems
         path = layout.dataset(f"{name}_problems")
-        held_out = [r["problem"] for r in read_table(made["eval"].uri, "problems").to_pylist()] \
-            if name == "train" else []
+        held_out = (
+            [r["problem"] for r in read_table(made["eval"].uri, "problems").to_pylist()]
+            if name == "train"
+            else []
+        )
         if spec.synthetic:
             s = spec.synthetic
-            rows = synth.generate(s.n, seed=s.seed, levels=tuple(s.levels), families=s.families, prefix=name)
+            rows = synth.generate(
+                s.n, seed=s.seed, levels=tuple(s.levels), families=s.families, prefix=name
+            )
             excluded = set(held_out)
             rows = [r for r in rows if r["problem"] not in excluded]
             write_table(rows, path, "problems")
             rows_kept[name] = len(rows)
         else:
-            report = curate([SourceSpec.parse(f) for f in spec.files], path, layout.dataset(f"{name}_rejects"),
-                            eval_problems=held_out)
+            report = curate(
+                [SourceSpec.parse(f) for f in spec.files],
+                path,
+                layout.dataset(f"{name}_rejects"),
+                eval_problems=held_out,
+            )
             write_report(report, layout.reports(f"curation_{name}.json"))
             rows_kept[name] = report.kept
         made[name] = Stored(path, digest(path))
     for name in ("train", "eval"):
         log.dataset(made[name].uri, f"{name}_problems", made[name].digest, context="output")
-    return StageOutput("problems", {"train_problems": rows_kept["train"], "eval_problems": rows_kept["eval"]},
-                       datasets={"train": made["train"], "eval": made["eval"]})
+    return StageOutput(
+        "problems",
+        {"train_problems": rows_kept["train"], "eval_problems": rows_kept["eval"]},
+        datasets={"train": made["train"], "eval": made["eval"]},
+    )
 
 
 # -- training ----------------------------------------------------------------------------------
@@ -131,25 +165,38 @@ def sft(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput
     from rstar.train.sft import train_sft
 
     spec = recipe.sft
-    rows = [r for f in spec.files for r in sft_data.load_sft(f)] if spec.files else \
-        sft_data.generate(spec.examples, seed=spec.seed, tasks=spec.tasks)
+    rows = (
+        [r for f in spec.files for r in sft_data.load_sft(f)]
+        if spec.files
+        else sft_data.generate(spec.examples, seed=spec.seed, tasks=spec.tasks)
+    )
     data = write_table(rows, layout.dataset("sft"), "sft")
     log.dataset(data, "sft_chats", digest(data), context="training")
     cfg = replace(spec.train, prompt_style=recipe.prompt_style)
     if recipe.engine == "verl":
         merged = verl_stages.sft(recipe, inputs, log, cfg, data)
         copying = {}
-        if recipe.base.build_tiny:  # the copy probes are the tiny model's diagnostic; a real one is never loaded here
+        if (
+            recipe.base.build_tiny
+        ):  # the copy probes are the tiny model's diagnostic; a real one is never loaded here
             copying = _copy_probe(*load(merged), log, recipe, chat=True)
-        return model_output(publish(layout.model("sft"), lambda tmp: shutil.copytree(merged, tmp),
-                                    recipe.prompt_style), "sft", copying)
+        return model_output(
+            publish(
+                layout.model("sft"), lambda tmp: shutil.copytree(merged, tmp), recipe.prompt_style
+            ),
+            "sft",
+            copying,
+        )
     model, tok = load(inputs.model.uri)
     clock = StepClock(cfg.epochs * -(-len(rows) // cfg.batch_size), "sft", every=50)
     history = train_sft(model, tok, rows, cfg, on_step=lambda s, m: _progress(log, clock, s, m))
     log.curves(history, ["loss", "lr", "grad_norm"], "sft_curves.png")
     copying = _copy_probe(model, tok, log, recipe, chat=True)
-    return model_output(save(model, tok, layout.model("sft"), recipe.prompt_style), "sft",
-                        {"final_loss": history[-1]["loss"], **copying})
+    return model_output(
+        save(model, tok, layout.model("sft"), recipe.prompt_style),
+        "sft",
+        {"final_loss": history[-1]["loss"], **copying},
+    )
 
 
 def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) -> StageOutput:
@@ -163,8 +210,13 @@ def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) 
     work, remote_work = cache.work_dir(recipe, stage, inputs)
     if recipe.engine == "verl":
         merged = verl_stages.rl(recipe, inputs, log, cfg, work)
-        return model_output(publish(layout.model(stage), lambda tmp: shutil.copytree(merged, tmp),
-                                    recipe.prompt_style), stage, {})
+        return model_output(
+            publish(
+                layout.model(stage), lambda tmp: shutil.copytree(merged, tmp), recipe.prompt_style
+            ),
+            stage,
+            {},
+        )
     ckpt_uri = f"{remote_work}/checkpoint"
     if is_remote(layout.root):
         # For a remote root the local directory is scratch: resume only from what storage
@@ -173,7 +225,9 @@ def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) 
         pulled = dirs.pull(ckpt_uri)
         if pulled:
             shutil.copytree(pulled, os.path.join(work, "checkpoint"))
-    if not os.path.exists(os.path.join(work, "checkpoint")):  # a fresh start: drop other runs' step files
+    if not os.path.exists(
+        os.path.join(work, "checkpoint")
+    ):  # a fresh start: drop other runs' step files
         fs, path = filesystem(layout.trajectories(stage))
         if fs.exists(path):
             fs.rm(path, recursive=True)
@@ -186,37 +240,74 @@ def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) 
 
     def on_step(step: int, metrics: dict) -> None:
         log.metrics(step, metrics, prefix=f"{stage}/")
-        clock.tick(step, f"accuracy {metrics['accuracy']:.3f} tool errors {metrics['tool_error_rate']:.3f} "
-                         f"(in correct {metrics['tool_error_rate_positive']:.3f}) "
-                         f"length {metrics['response_len_mean']:.0f}")
+        clock.tick(
+            step,
+            f"accuracy {metrics['accuracy']:.3f} tool errors {metrics['tool_error_rate']:.3f} (in "
+            f"correct {metrics['tool_error_rate_positive']:.3f}) length "
+            f"{metrics['response_len_mean']:.0f}",
+        )
 
     def on_checkpoint(step: int) -> None:
         dirs.push(ckpt_uri, os.path.join(work, "checkpoint"))  # for a remote root: a new version
 
     async def main():
         async with embedded_sandbox() as sb:
-            trainer = RLTrainer(model, tok, rows, sb, cfg, work, on_step=on_step, on_checkpoint=on_checkpoint,
-                                trajectories=layout.trajectories(stage))
+            trainer = RLTrainer(
+                model,
+                tok,
+                rows,
+                sb,
+                cfg,
+                work,
+                on_step=on_step,
+                on_checkpoint=on_checkpoint,
+                trajectories=layout.trajectories(stage),
+            )
             return await trainer.run(), trainer
 
     history, trainer = asyncio.run(main())
-    log.tag("rstar.started_as", trainer.started_as)  # "resumed" after a retry picked up a checkpoint
-    log.curves(history, ["accuracy", "tool_error_rate", "tool_error_rate_positive", "response_len_mean"],
-               f"{stage}_curves.png")
-    log.dataset(layout.trajectories(stage), f"{stage}_trajectories", digest(layout.trajectories(stage)),
-                context="output")
+    log.tag(
+        "rstar.started_as", trainer.started_as
+    )  # "resumed" after a retry picked up a checkpoint
+    log.curves(
+        history,
+        ["accuracy", "tool_error_rate", "tool_error_rate_positive", "response_len_mean"],
+        f"{stage}_curves.png",
+    )
+    log.dataset(
+        layout.trajectories(stage),
+        f"{stage}_trajectories",
+        digest(layout.trajectories(stage)),
+        context="output",
+    )
     last = history[-1] if history else {}
     # The stage's model is its last checkpoint, trainer state included, so the next stage can
     # carry the AdamW moments over (unless it resets them).
-    final = publish(layout.model(stage), lambda tmp: shutil.copytree(os.path.join(work, "checkpoint"), tmp),
-                    recipe.prompt_style)
+    final = publish(
+        layout.model(stage),
+        lambda tmp: shutil.copytree(os.path.join(work, "checkpoint"), tmp),
+        recipe.prompt_style,
+    )
     # training accuracy at the start and the end of the stage, so its summary shows whether it rose
-    ends = {f"accuracy_{name}_{len(part)}_steps": sum(h["accuracy"] for h in part) / len(part)
-            for name, part in (("first", history[:5]), ("last", history[-5:])) if part}
-    headline = ("accuracy", "tool_error_rate", "tool_error_rate_positive", "tool_error_rate_positive_kept",
-                "response_len_mean")
-    return model_output(final, stage, {**ends, **{k: last.get(k) for k in headline}},
-                        trajectories=layout.trajectories(stage), steps=len(history))
+    ends = {
+        f"accuracy_{name}_{len(part)}_steps": sum(h["accuracy"] for h in part) / len(part)
+        for name, part in (("first", history[:5]), ("last", history[-5:]))
+        if part
+    }
+    headline = (
+        "accuracy",
+        "tool_error_rate",
+        "tool_error_rate_positive",
+        "tool_error_rate_positive_kept",
+        "response_len_mean",
+    )
+    return model_output(
+        final,
+        stage,
+        {**ends, **{k: last.get(k) for k in headline}},
+        trajectories=layout.trajectories(stage),
+        steps=len(history),
+    )
 
 
 # -- sampling: mining and evaluation -----------------------------------------------------------
@@ -228,8 +319,11 @@ def serving(recipe: Recipe) -> dict:
     if recipe.engine != "verl":
         return {}
     if recipe.resources.gpus:
-        return {"replicas": int(recipe.resources.gpus) * recipe.resources.nodes, "kind": "vllm",
-                "sandbox_url": recipe.sandbox_url}
+        return {
+            "replicas": int(recipe.resources.gpus) * recipe.resources.nodes,
+            "kind": "vllm",
+            "sandbox_url": recipe.sandbox_url,
+        }
     return {"replicas": 2, "kind": "hf", "sandbox_url": recipe.sandbox_url}
 
 
@@ -248,13 +342,19 @@ def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
 
     spec = recipe.mine
     rows = read_table(inputs.problems.uri, "problems").to_pylist()[: spec.problems]
-    loop_cfg = LoopConfig(max_turns=spec.max_turns, max_response_tokens=spec.max_response_tokens,
-                          temperature=spec.temperature, prompt_style=recipe.prompt_style)
+    loop_cfg = LoopConfig(
+        max_turns=spec.max_turns,
+        max_response_tokens=spec.max_response_tokens,
+        temperature=spec.temperature,
+        prompt_style=recipe.prompt_style,
+    )
 
     clock = _rollout_clock("mine", len(rows) * spec.k)
 
     async def main():
-        async with open_agent_loop(dirs.pull(inputs.model.uri), loop_cfg, **serving(recipe)) as loop:
+        async with open_agent_loop(
+            dirs.pull(inputs.model.uri), loop_cfg, **serving(recipe)
+        ) as loop:
             return await rollout(loop, rows, spec.k, stage="mine", progress=clock.advance)
 
     hard, report = mine_hard(rows, asyncio.run(main()), k=spec.k)
@@ -274,34 +374,63 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
 
     problems_ = read_table(inputs.problems.uri, "problems").to_pylist()
     out_dir = layout.reports(inputs.report_name)
-    # what lineage shows of this evaluation: its label and held-out set (its settings are the run's params)
+    # what lineage shows of this evaluation: its label and held-out set (its settings are the run's
+    # params)
     log.tag(EVAL_LABEL, inputs.report_name)
-    log.dataset(inputs.problems.uri, "eval_problems", inputs.problems.digest or digest(inputs.problems.uri),
-                context="evaluation")
+    log.dataset(
+        inputs.problems.uri,
+        "eval_problems",
+        inputs.problems.digest or digest(inputs.problems.uri),
+        context="evaluation",
+    )
     summaries = {}
     for name, model in inputs.models.items():
         path = dirs.pull(model.uri)
-        if model.digest and (found := digest(path)) != model.digest:  # e.g. a registered version's files, changed
-            raise NotRetryable(f"{name}: the files at {model.uri} have digest {found}, not the {model.digest} "
-                               "they were registered with")
+        if (
+            model.digest and (found := digest(path)) != model.digest
+        ):  # e.g. a registered version's files, changed
+            raise NotRetryable(
+                f"{name}: the files at {model.uri} have digest {found}, not the {model.digest} "
+                "they were registered with"
+            )
         clock = _rollout_clock(f"eval/{name}", len(problems_) * recipe.eval.k)
-        records, summaries[name] = evaluate_model(path, problems_, recipe.eval, prompt_style=recipe.prompt_style,
-                                                  name=name, progress=clock.advance, **serving(recipe))
+        records, summaries[name] = evaluate_model(
+            path,
+            problems_,
+            recipe.eval,
+            prompt_style=recipe.prompt_style,
+            name=name,
+            progress=clock.advance,
+            **serving(recipe),
+        )
         write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
     write_json(summaries, f"{out_dir}/summary.json")
-    # The recipe's verdict when these are its checkpoints (SFT, then RL stages), not a re-evaluation's pick
+    # The recipe's verdict when these are its checkpoints (SFT, then RL stages), not a
+    # re-evaluation's pick
     recipe_order = ["sft"] + [r.name for r in recipe.rl]
-    learnt, lines = verdict(summaries, recipe.expect, inputs.copying) \
-        if list(summaries) == recipe_order else (None, [])
+    learnt, lines = (
+        verdict(summaries, recipe.expect, inputs.copying)
+        if list(summaries) == recipe_order
+        else (None, [])
+    )
     for p in write_report(summaries, recipe.eval.k, out_dir):
         log.artifact(p)
-    flat = {f"{name}/{bench}/{key}": value for name, s in summaries.items() for bench, m in s.items()
-            for key, value in m.items() if isinstance(value, (int, float))}
+    flat = {
+        f"{name}/{bench}/{key}": value
+        for name, s in summaries.items()
+        for bench, m in s.items()
+        for key, value in m.items()
+        if isinstance(value, (int, float))
+    }
     log.metrics(0, flat, prefix="eval/")
     if learnt is not None:
         log.tag("rstar.learnt", str(learnt).lower())
-    return StageOutput("evaluate", {k: v for k, v in flat.items() if k.endswith("avg_pass@1")}, report=out_dir,
-                       evaluation=Evaluation(summaries, markdown_table(summaries, recipe.eval.k), learnt, lines))
+    return StageOutput(
+        "evaluate",
+        {k: v for k, v in flat.items() if k.endswith("avg_pass@1")},
+        report=out_dir,
+        evaluation=Evaluation(summaries, markdown_table(summaries, recipe.eval.k), learnt, lines),
+    )
 
 
 STAGES = {"base": base, "problems": problems, "sft": sft, "mine": mine, "evaluate": evaluate}

@@ -6,12 +6,14 @@ On GPUs verl joins the Ray cluster the stage runs on and places its workers on t
 GPUs; with `resources.gpus: 0` the same trainers run on this machine's CPU (verl's plug-in
 platform, rstar.train.verl_cpu), for CI and for trying the cluster path on a laptop.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 from rstar.pipeline import cache
 from rstar.pipeline.config import Recipe
@@ -35,9 +37,16 @@ def sft(recipe: Recipe, inputs: StageInputs, log, cfg, data: str) -> str:
 
     work, _ = cache.work_dir(recipe, "sft", inputs)
     os.makedirs(work, exist_ok=True)
-    cmd = sft_command(cfg, model=dirs.pull(inputs.model.uri), train_files=data, out_dir=work,
-                      n_gpus=int(recipe.resources.gpus) or 1, nodes=recipe.resources.nodes,
-                      experiment=recipe.tracking.experiment, device=_device(recipe))
+    cmd = sft_command(
+        cfg,
+        model=dirs.pull(inputs.model.uri),
+        train_files=data,
+        out_dir=work,
+        n_gpus=int(recipe.resources.gpus) or 1,
+        nodes=recipe.resources.nodes,
+        experiment=recipe.tracking.experiment,
+        device=_device(recipe),
+    )
     return _run(cmd, "sft", log, work, recipe, lambda: last_checkpoint(work))
 
 
@@ -61,13 +70,20 @@ def rl(recipe: Recipe, inputs: StageInputs, log, cfg, work: str) -> str:
         model = dirs.pull(inputs.model.uri)
         # the previous verl stage's optimizer state, which this one carries over unless it resets
         pointer = os.path.join(model, VERL_CHECKPOINT)
-        optimizer_from = open(pointer).read().strip() if os.path.exists(pointer) else None
-        cmd = build_verl_run(replace(cfg, prompt_style=recipe.prompt_style), model=model,
-                             problems=inputs.problems.uri, sandbox_url=sandbox_url, out_dir=work,
-                             n_gpus=int(recipe.resources.gpus) or 1, nodes=recipe.resources.nodes,
-                             val_problems=held_out if fs.exists(path) else None,
-                             experiment=recipe.tracking.experiment, optimizer_from=optimizer_from,
-                             device=_device(recipe))
+        optimizer_from = Path(pointer).read_text().strip() if os.path.exists(pointer) else None
+        cmd = build_verl_run(
+            replace(cfg, prompt_style=recipe.prompt_style),
+            model=model,
+            problems=inputs.problems.uri,
+            sandbox_url=sandbox_url,
+            out_dir=work,
+            n_gpus=int(recipe.resources.gpus) or 1,
+            nodes=recipe.resources.nodes,
+            val_problems=held_out if fs.exists(path) else None,
+            experiment=recipe.tracking.experiment,
+            optimizer_from=optimizer_from,
+            device=_device(recipe),
+        )
         actor = os.path.join(work, f"global_step_{cfg.steps}", "actor")
         merged = _run(cmd, cfg.name, log, work, recipe, lambda: actor)
     with open(os.path.join(merged, VERL_CHECKPOINT), "w") as f:
@@ -84,18 +100,24 @@ def _run(cmd: list[str], stage: str, log, work: str, recipe: Recipe, checkpoint)
     log.tag("rstar.verl_command", " ".join(cmd)[:5000])
     # verl's MLflow logger writes into this stage's run, beside the pipeline's own metrics
     run_id = getattr(log, "run_id", None)
-    mlflow_env = {"MLFLOW_TRACKING_URI": log.tracking_uri, "MLFLOW_RUN_ID": run_id} if run_id else {}
+    mlflow_env = (
+        {"MLFLOW_TRACKING_URI": log.tracking_uri, "MLFLOW_RUN_ID": run_id} if run_id else {}
+    )
     logger.info("[%s] verl (%s): %s ...", stage, device, " ".join(cmd[:3]))
     # on the CPU: torch threads per training process, which Ray would otherwise start with one
     env = {**os.environ, **verl_env(device, int(recipe.resources.cpus)), **mlflow_env}
     if device == "cpu":
-        env.pop("RAY_ADDRESS", None)  # verl on the CPU starts a Ray of its own, with its training slots
+        env.pop(
+            "RAY_ADDRESS", None
+        )  # verl on the CPU starts a Ray of its own, with its training slots
     else:  # verl joins the Ray this stage runs on (the cluster), where its GPUs are
         import ray
 
         if ray.is_initialized():
             env.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
-    subprocess.run(cmd, check=True, env=env, cwd=work)  # Hydra's outputs/ land in the work directory
+    subprocess.run(
+        cmd, check=True, env=env, cwd=work
+    )  # Hydra's outputs/ land in the work directory
     merged = os.path.join(work, "hf")
     subprocess.run(merge_command(checkpoint(), merged), check=True, env=env)
     return merged

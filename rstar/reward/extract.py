@@ -1,4 +1,5 @@
 """Find the model's final answer: the last \\boxed{...} inside the final <answer>...</answer>."""
+
 from __future__ import annotations
 
 import re
@@ -20,7 +21,7 @@ def boxed_contents(text: str) -> list[str]:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
         if depth == 0:
-            out.append(text[m.end():i - 1].strip())
+            out.append(text[m.end() : i - 1].strip())
     return out
 
 

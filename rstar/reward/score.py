@@ -6,6 +6,7 @@ integer answers inline (a string comparison), the rest on a pool of processes, e
 bounded by a deadline from outside (`timeout_s` + 2 s; a worker past it is replaced), never
 by a signal inside the worker (rstar.reward.verify).
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -23,14 +24,25 @@ class ScoreItem:
     truncated: bool = False
 
 
-def score(response: str, ground_truth: str, *, truncated: bool = False, fallback_to_any_boxed: bool = True,
-          timeout_s: int = 5) -> float:
+def score(
+    response: str,
+    ground_truth: str,
+    *,
+    truncated: bool = False,
+    fallback_to_any_boxed: bool = True,
+    timeout_s: int = 5,
+) -> float:
     if truncated:
         return 0.0
     from rstar.reward.verify import verify
 
-    return float(verify(extract_answer(response, fallback_to_any_boxed=fallback_to_any_boxed), ground_truth,
-                        timeout_s=timeout_s))
+    return float(
+        verify(
+            extract_answer(response, fallback_to_any_boxed=fallback_to_any_boxed),
+            ground_truth,
+            timeout_s=timeout_s,
+        )
+    )
 
 
 def _symbolic(args: tuple[str, str]) -> bool:
@@ -52,14 +64,16 @@ class BatchScorer:
 
     check = staticmethod(_symbolic)  # runs in the pool's workers
 
-    def __init__(self, workers: int | None = None, *, timeout_s: int = 5, fallback_to_any_boxed: bool = True) -> None:
+    def __init__(
+        self, workers: int | None = None, *, timeout_s: int = 5, fallback_to_any_boxed: bool = True
+    ) -> None:
         self.workers = workers or os.cpu_count() or 1
         self.timeout_s = timeout_s
         self.fallback = fallback_to_any_boxed
         self._pool: mp.pool.Pool | None = None
         self.timeouts = 0
 
-    def __enter__(self) -> "BatchScorer":
+    def __enter__(self) -> BatchScorer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -75,12 +89,16 @@ class BatchScorer:
         if self._pool is None:  # spawn: safe next to threads (Ray, torch) in the parent
             self._pool = mp.get_context("spawn").Pool(self.workers, initializer=_warm_up)
             try:  # items' deadlines start once workers are warm
-                self._pool.map_async(int, range(self.workers), chunksize=1).get(timeout=START_TIMEOUT_S)
+                self._pool.map_async(int, range(self.workers), chunksize=1).get(
+                    timeout=START_TIMEOUT_S
+                )
             except mp.TimeoutError:
                 self.close()
-                raise RuntimeError(f"answer-checking workers did not start within {START_TIMEOUT_S} s (a spawned "
-                                   "worker re-imports the main module: is its code under "
-                                   "`if __name__ == '__main__'`?)") from None
+                raise RuntimeError(
+                    f"answer-checking workers did not start within {START_TIMEOUT_S} s (a spawned "
+                    "worker re-imports the main module: is its code under `if __name__ == "
+                    "'__main__'`?)"
+                ) from None
         return self._pool
 
     def score_many(self, items: list[ScoreItem]) -> list[float]:
@@ -98,7 +116,9 @@ class BatchScorer:
             else:
                 symbolic.append((i, pred, item.ground_truth))
         if symbolic:
-            for i, ok in zip((s[0] for s in symbolic), self._verify_symbolic([s[1:] for s in symbolic])):
+            for i, ok in zip(
+                (s[0] for s in symbolic), self._verify_symbolic([s[1:] for s in symbolic])
+            ):
                 scores[i] = float(ok)
         return scores
 
@@ -106,12 +126,12 @@ class BatchScorer:
         out: list[bool] = []
         while len(out) < len(pairs):
             pool = self._get_pool()
-            pending = [pool.apply_async(self.check, ((p, g),)) for p, g in pairs[len(out):]]
+            pending = [pool.apply_async(self.check, ((p, g),)) for p, g in pairs[len(out) :]]
             try:
                 for res in pending:
                     out.append(res.get(timeout=self.timeout_s + 2))
             except mp.TimeoutError:  # stuck below Python: count it wrong, replace the pool and
-                self.timeouts += 1   # resubmit the rest (the old pool's results never come)
+                self.timeouts += 1  # resubmit the rest (the old pool's results never come)
                 out.append(False)
                 self.close()
         return out

@@ -11,6 +11,7 @@ raises, which would read as "not equal"), and an alarm that lands inside a C cal
 later as a `SystemError`. So the limit is armed only in the main thread; `BatchScorer` runs
 checks in worker processes without it and enforces its own deadline from outside.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,7 +20,8 @@ import threading
 
 
 class _NoDisabledTimeoutWarning(logging.Filter):
-    """math-verify warns on every call made without its SIGALRM limit; ours are bounded from outside."""
+    """math-verify warns on every call made without its SIGALRM limit; ours are bounded from
+    outside."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "Timeout is disabled" not in record.getMessage()

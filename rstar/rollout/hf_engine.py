@@ -10,6 +10,7 @@ prompt_ids, sampling_params) -> Generation`.
 Log-probs and entropies are those of the distribution actually sampled from (after
 temperature, before top-p truncation).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,8 @@ class _Seq:
     out: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
-    length: int = 0          # real tokens in the cache (prompt + generated so far, minus the pending one)
-    next_token: int = -1     # sampled, not yet fed to the model
+    length: int = 0  # real tokens in the cache (prompt + generated so far, minus the pending one)
+    next_token: int = -1  # sampled, not yet fed to the model
     stop_reason: str = "stop"
 
 
@@ -41,7 +42,9 @@ def _pad_left(t: torch.Tensor, to: int) -> torch.Tensor:
 
 
 class HFEngine:
-    def __init__(self, model, *, max_batch: int = 64, seed: int = 0, max_model_len: int | None = None) -> None:
+    def __init__(
+        self, model, *, max_batch: int = 64, seed: int = 0, max_model_len: int | None = None
+    ) -> None:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.max_batch = max_batch
@@ -49,8 +52,8 @@ class HFEngine:
         self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", 4096)
         self._waiting: list[_Seq] = []
         self._active: list[_Seq] = []
-        self._cache = None        # per layer (keys, values), [batch, heads, width, dim], left-padded
-        self._width = 0           # cache positions, padding included
+        self._cache = None  # per layer (keys, values), [batch, heads, width, dim], left-padded
+        self._width = 0  # cache positions, padding included
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._lock = threading.Lock()  # weights may be swapped between steps (RL updates)
@@ -63,18 +66,26 @@ class HFEngine:
         return self.max_batch * self.max_model_len
 
     @classmethod
-    def from_pretrained(cls, path: str, **kw) -> "HFEngine":
+    def from_pretrained(cls, path: str, **kw) -> HFEngine:
         from transformers import AutoModelForCausalLM
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return cls(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device), **kw)
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: dict
+    ) -> Generation:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
         g = torch.Generator(device="cpu")
-        g.manual_seed(int.from_bytes(hashlib.sha256(f"{self.seed}/{request_id}".encode()).digest()[:8], "little"))
-        seq = _Seq(list(prompt_ids), dict(sampling_params), asyncio.get_running_loop().create_future(), g)
+        g.manual_seed(
+            int.from_bytes(
+                hashlib.sha256(f"{self.seed}/{request_id}".encode()).digest()[:8], "little"
+            )
+        )
+        seq = _Seq(
+            list(prompt_ids), dict(sampling_params), asyncio.get_running_loop().create_future(), g
+        )
         self._waiting.append(seq)
         self._wake.set()
         return await seq.future
@@ -100,7 +111,9 @@ class HFEngine:
             finished = await asyncio.to_thread(self._step, joining)
             for seq in finished:
                 if not seq.future.done():
-                    seq.future.set_result(Generation(seq.out, seq.log_probs, seq.entropies, seq.stop_reason))
+                    seq.future.set_result(
+                        Generation(seq.out, seq.log_probs, seq.entropies, seq.stop_reason)
+                    )
 
     @torch.no_grad()
     def _step(self, joining: list[_Seq]) -> list[_Seq]:
@@ -113,8 +126,13 @@ class HFEngine:
             ids = torch.tensor([[s.next_token] for s in self._active], device=self.device)
             positions = torch.tensor([[s.length] for s in self._active], device=self.device)
             mask = self._attention_mask(extra=1)
-            out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
-                             past_key_values=self._as_cache(), use_cache=True)
+            out = self.model(
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=mask,
+                past_key_values=self._as_cache(),
+                use_cache=True,
+            )
             self._keep_cache(out.past_key_values)
             self._width += 1
             for s in self._active:
@@ -131,18 +149,26 @@ class HFEngine:
         ids = torch.zeros(len(seqs), longest, dtype=torch.long, device=self.device)
         mask = torch.zeros_like(ids)
         for i, s in enumerate(seqs):
-            ids[i, longest - len(s.prompt_ids):] = torch.tensor(s.prompt_ids, device=self.device)
-            mask[i, longest - len(s.prompt_ids):] = 1
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                         use_cache=True)
+            ids[i, longest - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids, device=self.device)
+            mask[i, longest - len(s.prompt_ids) :] = 1
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            use_cache=True,
+        )
         layers = self._layers(out.past_key_values)
         width = max(self._width, longest)
         if self._cache is None:
             self._cache = layers
         else:
-            self._cache = [(torch.cat([_pad_left(k0, width), _pad_left(k1, width)]),
-                            torch.cat([_pad_left(v0, width), _pad_left(v1, width)]))
-                           for (k0, v0), (k1, v1) in zip(self._cache, layers)]
+            self._cache = [
+                (
+                    torch.cat([_pad_left(k0, width), _pad_left(k1, width)]),
+                    torch.cat([_pad_left(v0, width), _pad_left(v1, width)]),
+                )
+                for (k0, v0), (k1, v1) in zip(self._cache, layers)
+            ]
         self._width = width
         for s in seqs:
             s.length = len(s.prompt_ids)
@@ -150,9 +176,11 @@ class HFEngine:
         self._sample_all(seqs, out.logits[:, -1, :])
 
     def _attention_mask(self, extra: int) -> torch.Tensor:
-        mask = torch.zeros(len(self._active), self._width + extra, dtype=torch.long, device=self.device)
+        mask = torch.zeros(
+            len(self._active), self._width + extra, dtype=torch.long, device=self.device
+        )
         for i, s in enumerate(self._active):
-            mask[i, self._width - s.length:] = 1
+            mask[i, self._width - s.length :] = 1
         return mask
 
     @staticmethod
@@ -172,7 +200,8 @@ class HFEngine:
 
     def _sample_all(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
         """One token for each of `seqs` (rows of `logits`): the distributions of the whole batch at
-        once, then each draw from its request's own generator (its tokens do not depend on its batch)."""
+        once, then each draw from its request's own generator (its tokens do not depend on its
+        batch)."""
         temps = torch.tensor([float(s.params.get("temperature", 1.0)) for s in seqs])
         logits = logits.float().cpu()
         logp = torch.log_softmax(logits / torch.where(temps > 0, temps, 1.0)[:, None], -1)
@@ -213,8 +242,12 @@ class HFEngine:
                 self._cache, self._width = None, 0
             else:
                 idx = torch.tensor(keep, device=self.device)
-                trim = self._width - max(s.length for s in self._active)  # drop columns that are padding for all
-                self._cache = [(k.index_select(0, idx)[:, :, trim:], v.index_select(0, idx)[:, :, trim:])
-                               for k, v in self._cache]
+                trim = self._width - max(
+                    s.length for s in self._active
+                )  # drop columns that are padding for all
+                self._cache = [
+                    (k.index_select(0, idx)[:, :, trim:], v.index_select(0, idx)[:, :, trim:])
+                    for k, v in self._cache
+                ]
                 self._width -= trim
         return done

@@ -11,6 +11,7 @@ the same way when the body raises: replicas killed, engine closed, sandbox stopp
   never changes what it samples;
 - `sandbox_url`: the sandbox service; without it, an embedded one for this process.
 """
+
 from __future__ import annotations
 
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -18,16 +19,33 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from rstar.agent.loop import AgentLoop, LoopConfig
 
 
-async def _replicas(stack: AsyncExitStack, model_dir: str, n: int, kind: str, scheduler: str, seed: int,
-                    max_batch: int, cpus: float):
+async def _replicas(
+    stack: AsyncExitStack,
+    model_dir: str,
+    n: int,
+    kind: str,
+    scheduler: str,
+    seed: int,
+    max_batch: int,
+    cpus: float,
+):
     import ray
 
     from rstar.rollout.ray_replica import RayReplica
     from rstar.rollout.scheduler import BalancedScheduler, StaticScheduler
 
     engine_kw = {"max_batch": max_batch} if kind == "hf" else {}
-    reps = [RayReplica.start(model_dir, kind=kind, num_cpus=cpus, num_gpus=1 if kind == "vllm" else 0, seed=seed,
-                             **engine_kw) for _ in range(n)]
+    reps = [
+        RayReplica.start(
+            model_dir,
+            kind=kind,
+            num_cpus=cpus,
+            num_gpus=1 if kind == "vllm" else 0,
+            seed=seed,
+            **engine_kw,
+        )
+        for _ in range(n)
+    ]
     stack.callback(lambda: [ray.kill(r.actor) for r in reps])
     if scheduler == "static":
         return StaticScheduler(reps)
@@ -48,9 +66,18 @@ def _in_process(stack: AsyncExitStack, model_dir: str, kind: str, seed: int, max
 
 
 @asynccontextmanager
-async def open_agent_loop(model_dir: str, cfg: LoopConfig, *, replicas: int = 0, kind: str = "hf",
-                          scheduler: str = "balanced", seed: int = 0, max_batch: int = 64, replica_cpus: float = 0,
-                          sandbox_url: str | None = None):
+async def open_agent_loop(
+    model_dir: str,
+    cfg: LoopConfig,
+    *,
+    replicas: int = 0,
+    kind: str = "hf",
+    scheduler: str = "balanced",
+    seed: int = 0,
+    max_batch: int = 64,
+    replica_cpus: float = 0,
+    sandbox_url: str | None = None,
+):
     """Yields an `AgentLoop`; its `engine` is the in-process engine or the scheduler.
     `replica_cpus`: CPUs each replica actor holds (0: it shares the caller's, as a stage's do)."""
     from transformers import AutoTokenizer
@@ -60,8 +87,12 @@ async def open_agent_loop(model_dir: str, cfg: LoopConfig, *, replicas: int = 0,
 
     async with AsyncExitStack() as stack:
         if replicas:
-            engine = await _replicas(stack, model_dir, replicas, kind, scheduler, seed, max_batch, replica_cpus)
+            engine = await _replicas(
+                stack, model_dir, replicas, kind, scheduler, seed, max_batch, replica_cpus
+            )
         else:
             engine = _in_process(stack, model_dir, kind, seed, max_batch)
-        sandbox = await stack.enter_async_context(SandboxClient(sandbox_url) if sandbox_url else embedded_sandbox())
+        sandbox = await stack.enter_async_context(
+            SandboxClient(sandbox_url) if sandbox_url else embedded_sandbox()
+        )
         yield AgentLoop(engine, AutoTokenizer.from_pretrained(model_dir), sandbox, cfg)

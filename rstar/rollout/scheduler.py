@@ -13,6 +13,7 @@ its requests re-queued to the others.
 Both schedulers are engines themselves (`generate(request_id, prompt_ids, params)`), so the
 agent loop runs on top of either unchanged.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,9 @@ from rstar.agent.loop import Generation, rollout_of
 log = logging.getLogger(__name__)
 
 
-def plan_dispatch(free: list[int], alive: list[bool], resumed: list[tuple[int, int | None]],
-                  fresh: Iterable[int]) -> tuple[list[int | None], list[int]]:
+def plan_dispatch(
+    free: list[int], alive: list[bool], resumed: list[tuple[int, int | None]], fresh: Iterable[int]
+) -> tuple[list[int | None], list[int]]:
     """Where waiting requests go now. `resumed`: (KV tokens needed, home replica or None) of
     requests of rollouts in progress; `fresh`: KV tokens needed by new rollouts, in arrival
     order. Returns a replica or None (it keeps waiting) for each resumed request, and the
@@ -86,7 +88,7 @@ class _Request:
 @dataclass
 class ReplicaSlot:
     engine: object
-    capacity: int          # KV cache tokens
+    capacity: int  # KV cache tokens
     reserved: int = 0
     alive: bool = True
     served: int = 0
@@ -107,9 +109,19 @@ class BalancedScheduler:
     so a replica reserves for what is being generated rather than for the whole budget; worth
     it with an engine whose prefix cache makes the continuation's prefill cheap (vLLM)."""
 
-    def __init__(self, engines: list, capacity_tokens: int | list[int], *, max_attempts: int = 3,
-                 chunk_tokens: int | None = None) -> None:
-        caps = capacity_tokens if isinstance(capacity_tokens, list) else [capacity_tokens] * len(engines)
+    def __init__(
+        self,
+        engines: list,
+        capacity_tokens: int | list[int],
+        *,
+        max_attempts: int = 3,
+        chunk_tokens: int | None = None,
+    ) -> None:
+        caps = (
+            capacity_tokens
+            if isinstance(capacity_tokens, list)
+            else [capacity_tokens] * len(engines)
+        )
         self.replicas = [ReplicaSlot(e, c) for e, c in zip(engines, caps)]
         self.queue: collections.deque[_Request] = collections.deque()
         self.home: dict[str, int] = {}
@@ -122,15 +134,20 @@ class BalancedScheduler:
         """Requests answered, per replica."""
         return [r.served for r in self.replicas]
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: dict
+    ) -> Generation:
         budget = int(sampling_params["max_tokens"])
         if not self.chunk_tokens:
             return await self._generate(request_id, prompt_ids, sampling_params)
         out = Generation([], [], [])
         for k in itertools.count():
             n = min(self.chunk_tokens, budget - len(out.token_ids))
-            gen = await self._generate(f"{request_id}.{k}", prompt_ids + out.token_ids,
-                                       {**sampling_params, "max_tokens": n})
+            gen = await self._generate(
+                f"{request_id}.{k}",
+                prompt_ids + out.token_ids,
+                {**sampling_params, "max_tokens": n},
+            )
             out.token_ids += gen.token_ids
             out.log_probs += gen.log_probs
             out.entropies = out.entropies + gen.entropies if gen.entropies is not None else None
@@ -138,13 +155,22 @@ class BalancedScheduler:
             if gen.stop_reason != "length" or len(out.token_ids) >= budget:
                 return out
 
-    async def _generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation:
+    async def _generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: dict
+    ) -> Generation:
         need = len(prompt_ids) + int(sampling_params["max_tokens"])
         if need > max(r.capacity for r in self.replicas):
-            raise ValueError(f"request {request_id} needs {need} KV tokens; the largest replica holds "
-                             f"{max(r.capacity for r in self.replicas)}")
-        req = _Request(request_id, list(prompt_ids), dict(sampling_params), need,
-                       asyncio.get_running_loop().create_future())
+            raise ValueError(
+                f"request {request_id} needs {need} KV tokens; the largest replica holds "
+                f"{max(r.capacity for r in self.replicas)}"
+            )
+        req = _Request(
+            request_id,
+            list(prompt_ids),
+            dict(sampling_params),
+            need,
+            asyncio.get_running_loop().create_future(),
+        )
         self.queue.append(req)
         self._dispatch()
         return await req.future
@@ -156,14 +182,24 @@ class BalancedScheduler:
             if rollout in self.home:
                 home = self.home[rollout]
                 if self.replicas[home].capacity < req.need:
-                    home = None  # it outgrew that replica altogether: waiting there would be forever
+                    home = (
+                        None  # it outgrew that replica altogether: waiting there would be forever
+                    )
                 resumed.append((req, home))
             else:
                 fresh.append(req)
-        homes, new = plan_dispatch([r.free for r in self.replicas], [r.alive for r in self.replicas],
-                                   [(req.need, home) for req, home in resumed], [req.need for req in fresh])
-        placed = [(req, i) for (req, _), i in zip(resumed, homes) if i is not None] + list(zip(fresh, new))
-        self.queue = collections.deque([req for (req, _), i in zip(resumed, homes) if i is None] + fresh[len(new):])
+        homes, new = plan_dispatch(
+            [r.free for r in self.replicas],
+            [r.alive for r in self.replicas],
+            [(req.need, home) for req, home in resumed],
+            [req.need for req in fresh],
+        )
+        placed = [(req, i) for (req, _), i in zip(resumed, homes) if i is not None] + list(
+            zip(fresh, new)
+        )
+        self.queue = collections.deque(
+            [req for (req, _), i in zip(resumed, homes) if i is None] + fresh[len(new) :]
+        )
         for req, i in placed:
             self._start(i, req)
         if self.queue and not any(r.alive for r in self.replicas):
@@ -208,7 +244,9 @@ class StaticScheduler:
         self.assigned: dict[str, int] = {}
         self.served = [0] * len(engines)  # requests answered, per engine
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict) -> Generation:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: dict
+    ) -> Generation:
         rollout = rollout_of(request_id)
         i = self.assigned.setdefault(rollout, len(self.assigned) % len(self.engines))
         gen = await self.engines[i].generate(request_id, prompt_ids, sampling_params)

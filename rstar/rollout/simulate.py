@@ -14,6 +14,7 @@ over-commit would often have reused those blocks) unless it was evicted, or move
 another replica, where it is recomputed.
 Tokens advance in chunks of `chunk` per event to keep the model fast.
 """
+
 from __future__ import annotations
 
 import collections
@@ -27,17 +28,28 @@ from rstar.rollout.scheduler import plan_dispatch
 
 @dataclass
 class Workload:
-    turns: list[list[tuple[int, float]]]  # per rollout: [(tokens generated this turn, tool wait after it)]
+    turns: list[
+        list[tuple[int, float]]
+    ]  # per rollout: [(tokens generated this turn, tool wait after it)]
     prompt_tokens: int = 300
-    tool_tokens: int = 120                 # tokens of each tool response
+    tool_tokens: int = 120  # tokens of each tool response
     max_response: int = 12_288
 
     @classmethod
-    def long_tail(cls, rollouts: int, seed: int = 0, lo: int = 1024, hi: int = 12_288, group: int = 32,
-                  prompt_sigma: float = 0.6, sample_sigma: float = 0.45) -> "Workload":
+    def long_tail(
+        cls,
+        rollouts: int,
+        seed: int = 0,
+        lo: int = 1024,
+        hi: int = 12_288,
+        group: int = 32,
+        prompt_sigma: float = 0.6,
+        sample_sigma: float = 0.45,
+    ) -> Workload:
         """Rollouts in groups of `group` samples of one prompt (the paper samples 32 and keeps 16),
-        stored contiguously as verl stores them (`repeat(interleave=True)`). Length depends on the problem: each prompt draws
-        a median length (log-normal around 2.5K), its samples vary around it; clipped to lo-hi."""
+        stored contiguously as verl stores them (`repeat(interleave=True)`). Length depends on the
+        problem: each prompt draws a median length (log-normal around 2.5K), its samples vary around
+        it; clipped to lo-hi."""
         rng = random.Random(seed)
         turns = []
         for i in range(rollouts):
@@ -47,7 +59,9 @@ class Workload:
             k = rng.randint(1, 6)
             cuts = sorted(rng.sample(range(1, total), k - 1)) if k > 1 else []
             sizes = [b - a for a, b in zip([0] + cuts, cuts + [total])]
-            turns.append([(s, rng.uniform(0.05, 2.0) if j < k - 1 else 0.0) for j, s in enumerate(sizes)])
+            turns.append(
+                [(s, rng.uniform(0.05, 2.0) if j < k - 1 else 0.0) for j, s in enumerate(sizes)]
+            )
         return cls(turns)
 
     @property
@@ -57,10 +71,10 @@ class Workload:
 
 @dataclass
 class ReplicaModel:
-    a: float                  # seconds per decode step, fixed part
-    c: float                  # seconds per decode step per sequence in the batch
+    a: float  # seconds per decode step, fixed part
+    c: float  # seconds per decode step per sequence in the batch
     prefill_s_per_token: float
-    capacity: int             # KV cache tokens
+    capacity: int  # KV cache tokens
 
     def step(self, batch: int) -> float:
         return self.a + self.c * batch
@@ -70,10 +84,10 @@ class ReplicaModel:
 class _Req:
     rollout: int
     turn: int
-    context: int          # tokens in its context (grows as it decodes)
-    remaining: int        # tokens still to generate this turn
-    need: int             # balanced: KV tokens reserved (context + the most this request may generate)
-    quota: int            # tokens this request may still generate (a generation chunk, or the budget)
+    context: int  # tokens in its context (grows as it decodes)
+    remaining: int  # tokens still to generate this turn
+    need: int  # balanced: KV tokens reserved (context + the most this request may generate)
+    quota: int  # tokens this request may still generate (a generation chunk, or the budget)
     cached: bool = False  # its context is in the KV cache (False: prefill, or recompute)
     recompute: bool = False  # its cached context was lost (evicted, or the rollout moved replica)
 
@@ -99,12 +113,18 @@ class Result:
     idle_fraction: float
     evictions: int
     recomputed_tokens: int
-    max_kv_use: float       # peak KV in use / capacity
-    moved: int = 0          # requests of rollouts in progress moved off a full replica
+    max_kv_use: float  # peak KV in use / capacity
+    moved: int = 0  # requests of rollouts in progress moved off a full replica
 
 
-def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, chunk: int = 64,
-             gen_chunk: int = 0) -> Result:
+def simulate(
+    work: Workload,
+    model: ReplicaModel,
+    replicas: int,
+    policy: str,
+    chunk: int = 64,
+    gen_chunk: int = 0,
+) -> Result:
     """`gen_chunk` > 0 (balanced only): a turn is generated in requests of at most that many
     tokens, each reserving only its own chunk (BalancedScheduler's `chunk_tokens`)."""
     if policy not in ("static", "balanced"):
@@ -112,8 +132,9 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
     reps = [_Replica() for _ in range(replicas)]
     events: list = []
     counter = 0
-    # balanced, the shared queue: new rollouts (all alike, first come first served), and requests
-    # of rollouts in progress, which go back to the replica holding their prefix, or move when it is full
+    # balanced, the shared queue: new rollouts (all alike, first come first served), and requests of
+    # rollouts in progress, which go back to the replica holding their prefix, or move when it is
+    # full
     fresh: collections.deque[_Req] = collections.deque()
     resumed: list[_Req] = []
     home: dict[int, int] = {}
@@ -130,7 +151,9 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
         budget = max(remaining, work.max_response - (context - work.prompt_tokens))
         quota = min(gen_chunk, budget) if gen_chunk and policy == "balanced" else budget
         # a later request of a rollout finds its prefix in its replica's prefix cache
-        return _Req(r, turn, context, remaining, context + quota, quota, cached=context > work.prompt_tokens)
+        return _Req(
+            r, turn, context, remaining, context + quota, quota, cached=context > work.prompt_tokens
+        )
 
     def kick(i: int, now: float) -> None:
         if (reps[i].active or reps[i].waiting) and not reps[i].running:
@@ -140,7 +163,9 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
     alive = [True] * replicas
 
     def place(i: int, req: _Req, now: float) -> None:
-        if home.setdefault(req.rollout, i) != i:  # moved off a full replica: recompute its context here
+        if (
+            home.setdefault(req.rollout, i) != i
+        ):  # moved off a full replica: recompute its context here
             home[req.rollout] = i
             req.cached, req.recompute = False, True
             stats["moved"] += 1
@@ -150,8 +175,12 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
 
     def dispatch(now: float) -> None:
         free = [model.capacity - r.reserved for r in reps]
-        homes, new = plan_dispatch(free, alive, [(req.need, home[req.rollout]) for req in resumed],
-                                   (req.need for req in fresh))
+        homes, new = plan_dispatch(
+            free,
+            alive,
+            [(req.need, home[req.rollout]) for req in resumed],
+            (req.need for req in fresh),
+        )
         waiting = []
         for req, i in zip(resumed, homes):
             if i is None:
@@ -221,7 +250,11 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
                 continue
             turns = work.turns[req.rollout]
             if req.turn + 1 < len(turns):
-                push(end + turns[req.turn][1], "tool_done", (req.rollout, req.turn + 1, req.context + work.tool_tokens))
+                push(
+                    end + turns[req.turn][1],
+                    "tool_done",
+                    (req.rollout, req.turn + 1, req.context + work.tool_tokens),
+                )
             else:
                 stats["done_at"] = max(stats["done_at"], end)
         if policy == "balanced":
@@ -229,8 +262,16 @@ def simulate(work: Workload, model: ReplicaModel, replicas: int, policy: str, ch
         push(end, "step", payload)
     done_at = stats["done_at"]
     idle = 1 - sum(r.busy_time for r in reps) / (done_at * replicas) if done_at else 0.0
-    return Result(policy, replicas, done_at, idle, stats["evictions"], stats["recomputed"], stats["peak"],
-                  stats["moved"])
+    return Result(
+        policy,
+        replicas,
+        done_at,
+        idle,
+        stats["evictions"],
+        stats["recomputed"],
+        stats["peak"],
+        stats["moved"],
+    )
 
 
 def lower_bound(work: Workload, model: ReplicaModel, replicas: int) -> float:
@@ -245,7 +286,10 @@ def lower_bound(work: Workload, model: ReplicaModel, replicas: int) -> float:
         for n, _ in rollout:
             kv_demand += n * context + n * (n - 1) // 2
             context += n + work.tool_tokens
-    busy = (model.a * kv_demand / model.capacity + model.c * work.total_tokens
-            + len(work.turns) * work.prompt_tokens * model.prefill_s_per_token)
+    busy = (
+        model.a * kv_demand / model.capacity
+        + model.c * work.total_tokens
+        + len(work.turns) * work.prompt_tokens * model.prefill_s_per_token
+    )
     critical = max(sum(n for n, _ in r) * model.step(1) + sum(w for _, w in r) for r in work.turns)
     return max(busy / replicas, critical)

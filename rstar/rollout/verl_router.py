@@ -13,6 +13,7 @@ its home (or the emptiest replica) anyway, and vLLM queues it there; `overcommit
 those. `kv_cache_tokens` (per replica) comes from the router YAML; without it, placement is by
 least KV reserved, with no capacity limit.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,13 +30,17 @@ class KVBalancedRouter:
     def __init__(self, servers: dict, config: dict | None = None) -> None:
         self.capacity = int((config or {}).get("kv_cache_tokens") or UNLIMITED)
         self.servers: dict = dict(servers)
-        self.reserved: dict[str, int] = {s: 0 for s in servers}
-        self.home: dict[str, str] = {}                     # request id (a rollout) -> server
-        self.inflight: dict[str, tuple[str, int]] = {}     # request id -> (server, KV reserved)
+        self.reserved: dict[str, int] = dict.fromkeys(servers, 0)
+        self.home: dict[str, str] = {}  # request id (a rollout) -> server
+        self.inflight: dict[str, tuple[str, int]] = {}  # request id -> (server, KV reserved)
         self.overcommitted = 0
-        configure()  # verl makes its balancer in an actor process of its own: log there as the stage does
-        log.info("[rstar] KV-balanced load balancer over %d replica(s), %s KV tokens each", len(servers),
-                 "no cap" if self.capacity == UNLIMITED else self.capacity)
+        # verl makes its balancer in an actor process of its own: log there as the stage does
+        configure()
+        log.info(
+            "[rstar] KV-balanced load balancer over %d replica(s), %s KV tokens each",
+            len(servers),
+            "no cap" if self.capacity == UNLIMITED else self.capacity,
+        )
 
     # -- verl's RequestLoadBalancer protocol ---------------------------------------------
     def require_acquire_fields(self) -> list[str]:
@@ -44,18 +49,30 @@ class KVBalancedRouter:
     def require_release_fields(self) -> list[str]:
         return ["request_id"]
 
-    def acquire_server(self, request_id: str, prompt_ids: list[int] | None = None,
-                       sampling_params: dict | None = None) -> tuple[str, object]:
+    def acquire_server(
+        self,
+        request_id: str,
+        prompt_ids: list[int] | None = None,
+        sampling_params: dict | None = None,
+    ) -> tuple[str, object]:
         if not self.servers:
             raise RuntimeError("No available servers in load balancer")
         ids = list(self.servers)
         need = len(prompt_ids or []) + int((sampling_params or {}).get("max_tokens") or 0)
         free = [self.capacity - self.reserved[s] for s in ids]
-        home = ids.index(self.home[request_id]) if self.home.get(request_id) in self.servers else None
-        resumed, new = plan_dispatch(free, [True] * len(ids), [(need, home)] if home is not None else [],
-                                     [] if home is not None else [need])
+        home = (
+            ids.index(self.home[request_id]) if self.home.get(request_id) in self.servers else None
+        )
+        resumed, new = plan_dispatch(
+            free,
+            [True] * len(ids),
+            [(need, home)] if home is not None else [],
+            [] if home is not None else [need],
+        )
         i = resumed[0] if home is not None else (new[0] if new else None)
-        if i is None:  # no replica has room: cannot wait here, so queue where the prefix is (or the emptiest)
+        if (
+            i is None
+        ):  # no replica has room: cannot wait here, so queue where the prefix is (or the emptiest)
             self.overcommitted += 1
             i = home if home is not None else max(range(len(ids)), key=free.__getitem__)
         server = ids[i]
@@ -83,9 +100,13 @@ class KVBalancedRouter:
         return list(self.servers)
 
     def get_status(self) -> dict:
-        return {"servers": list(self.servers), "total_inflight": len(self.inflight),
-                "active_servers": len(self.servers), "kv_reserved": dict(self.reserved),
-                "overcommitted": self.overcommitted}
+        return {
+            "servers": list(self.servers),
+            "total_inflight": len(self.inflight),
+            "active_servers": len(self.servers),
+            "kv_reserved": dict(self.reserved),
+            "overcommitted": self.overcommitted,
+        }
 
     def clear_sticky_cache(self) -> dict:
         cleared = len(self.home)

@@ -2,7 +2,8 @@
 
 Public API::
 
-    from rstar.sandbox import SandboxService, SandboxClient, ExecRequest, ExecResult, Status, SandboxConfig
+    from rstar.sandbox import SandboxService, SandboxClient, ExecRequest, ExecResult, Status,
+    SandboxConfig
 
     async with SandboxService() as sb:              # executors on this machine, no HTTP
         r = await sb.run("import sympy; sympy.factorint(2**64 - 1)")
@@ -20,6 +21,7 @@ uid with hard rlimits, in an empty network namespace and a read-only filesystem 
 private working directory that is removed afterwards; everything it started is killed when
 it ends. See `isolation.py` and `executor.py` for how, and README.md for the HTTP APIs.
 """
+
 from __future__ import annotations
 
 import importlib

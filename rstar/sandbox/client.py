@@ -12,6 +12,7 @@ or for `retry_for_s` for calls without one (a restarted service is back in secon
 number of tries gave up on calls that still had time). The service is idempotent per call, so
 a call lost with a dead worker is run again.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,15 @@ import random
 
 import aiohttp
 
-from rstar.sandbox.result import (JSON_HEADERS, ExecRequest, ExecResult, ExecuteBody, Status, decode_results,
-                                  encode_json)
+from rstar.sandbox.result import (
+    JSON_HEADERS,
+    ExecRequest,
+    ExecResult,
+    ExecuteBody,
+    Status,
+    decode_results,
+    encode_json,
+)
 
 
 class SandboxUnreachable(RuntimeError):
@@ -39,15 +47,26 @@ def check_health(url: str, timeout_s: float = 10.0) -> None:
             reason = f"HTTP {resp.status}"
     except (urllib.error.URLError, OSError) as e:
         reason = str(getattr(e, "reason", e))
-    raise SandboxUnreachable(f"sandbox service {url} does not answer its health check ({reason}): start it "
-                             "(rstar sandbox serve) or fix sandbox_url; an RL stage without it would train "
-                             "on error responses")
+    raise SandboxUnreachable(
+        f"sandbox service {url} does not answer its health check ({reason}): start it "
+        "(rstar sandbox serve) or fix sandbox_url; an RL stage without it would train on error "
+        "responses"
+    )
 
 
 class SandboxClient:
-    def __init__(self, url: str, *, batch_size: int = 64, batch_window_ms: float = 2.0,
-                 max_inflight: int = 4096, retry_for_s: float = 60.0, backoff_s: float = 0.2,
-                 max_backoff_s: float = 2.0, request_timeout_s: float = 900.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        batch_size: int = 64,
+        batch_window_ms: float = 2.0,
+        max_inflight: int = 4096,
+        retry_for_s: float = 60.0,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 2.0,
+        request_timeout_s: float = 900.0,
+    ) -> None:
         self.url = url.rstrip("/")
         self.batch_size, self.window = batch_size, batch_window_ms / 1000
         self.retry_for_s, self.backoff_s, self.max_backoff_s = retry_for_s, backoff_s, max_backoff_s
@@ -59,8 +78,10 @@ class SandboxClient:
         self._sending: set[asyncio.Task] = set()
         self.batches_sent = 0
 
-    async def __aenter__(self) -> "SandboxClient":
-        self._http = aiohttp.ClientSession(timeout=self._timeout, connector=aiohttp.TCPConnector(limit=64))
+    async def __aenter__(self) -> SandboxClient:
+        self._http = aiohttp.ClientSession(
+            timeout=self._timeout, connector=aiohttp.TCPConnector(limit=64)
+        )
         self._batcher = asyncio.create_task(self._batch_loop())
         return self
 
@@ -76,11 +97,20 @@ class SandboxClient:
         if self._http:
             await self._http.close()
 
-    async def run(self, code: str, stdin: str = "", *, timeout_s: float | None = None,
-                  notebook: bool = True, deadline_s: float | None = None) -> ExecResult:
+    async def run(
+        self,
+        code: str,
+        stdin: str = "",
+        *,
+        timeout_s: float | None = None,
+        notebook: bool = True,
+        deadline_s: float | None = None,
+    ) -> ExecResult:
         return await self._one(ExecRequest(code, stdin, timeout_s, notebook), deadline_s)
 
-    async def run_many(self, reqs: list[ExecRequest], *, deadline_s: float | None = None) -> list[ExecResult]:
+    async def run_many(
+        self, reqs: list[ExecRequest], *, deadline_s: float | None = None
+    ) -> list[ExecResult]:
         return list(await asyncio.gather(*(self._one(r, deadline_s) for r in reqs)))
 
     async def _one(self, req: ExecRequest, deadline_s: float | None) -> ExecResult:
@@ -94,9 +124,11 @@ class SandboxClient:
                 return await fut
             try:
                 return await asyncio.wait_for(asyncio.shield(fut), deadline_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 fut.cancel()  # nobody waits for it now: the sender stops retrying it
-                return ExecResult(status=Status.TIMEOUT, reason=f"client deadline of {deadline_s:g}s exceeded")
+                return ExecResult(
+                    status=Status.TIMEOUT, reason=f"client deadline of {deadline_s:g}s exceeded"
+                )
 
     async def health(self) -> dict:
         async with self._http.get(f"{self.url}/health", raise_for_status=True) as resp:
@@ -114,9 +146,12 @@ class SandboxClient:
             while len(batch) < self.batch_size:
                 remaining = deadline - loop.time()
                 try:
-                    batch.append(self._queue.get_nowait() if remaining <= 0 or not self._queue.empty()
-                                 else await asyncio.wait_for(self._queue.get(), remaining))
-                except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                    batch.append(
+                        self._queue.get_nowait()
+                        if remaining <= 0 or not self._queue.empty()
+                        else await asyncio.wait_for(self._queue.get(), remaining)
+                    )
+                except (TimeoutError, asyncio.QueueEmpty):
                     break
             self.batches_sent += 1
             self._spawn_send(batch)
@@ -130,16 +165,23 @@ class SandboxClient:
         loop = asyncio.get_running_loop()
         give_up, error, attempt = loop.time() + self.retry_for_s, "", 0
         while True:
-            waiting = [(r, fut) for r, fut in batch if not fut.done()]  # a call past its deadline is cancelled
+            waiting = [
+                (r, fut) for r, fut in batch if not fut.done()
+            ]  # a call past its deadline is cancelled
             if not waiting:
                 return
             try:
                 body = encode_json(ExecuteBody([r for r, _ in waiting]))
-                async with self._http.post(f"{self.url}/v1/execute", data=body, headers=JSON_HEADERS) as resp:
+                async with self._http.post(
+                    f"{self.url}/v1/execute", data=body, headers=JSON_HEADERS
+                ) as resp:
                     if resp.status < 500:
                         if resp.status >= 400:
                             detail = (await resp.json()).get("detail")
-                            results = [ExecResult.rejected(f"HTTP {resp.status}: {detail}") for _ in waiting]
+                            results = [
+                                ExecResult.rejected(f"HTTP {resp.status}: {detail}")
+                                for _ in waiting
+                            ]
                         else:
                             results = decode_results(await resp.read()).results
                         for (_, fut), res in zip(waiting, results):
@@ -148,14 +190,19 @@ class SandboxClient:
                                 fut.set_result(res)
                         return
                     error = f"HTTP {resp.status}"
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            except (TimeoutError, aiohttp.ClientError) as e:
                 error = repr(e)
             attempt += 1
             if loop.time() >= give_up:
                 break
-            delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random())
+            delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * (
+                0.5 + random.random()
+            )
             await asyncio.sleep(min(delay, max(0.0, give_up - loop.time())))
         for _, fut in batch:
             if not fut.done():
-                fut.set_result(ExecResult.rejected(f"sandbox unreachable for {self.retry_for_s:g}s "
-                                                   f"({attempt} tries): {error}"))
+                fut.set_result(
+                    ExecResult.rejected(
+                        f"sandbox unreachable for {self.retry_for_s:g}s ({attempt} tries): {error}"
+                    )
+                )

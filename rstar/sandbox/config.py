@@ -1,4 +1,5 @@
 """Limits and sizing of the sandbox. One dataclass, shared by executors, service and CLI."""
+
 from __future__ import annotations
 
 import os
@@ -8,29 +9,36 @@ from dataclasses import asdict, dataclass, field, fields
 @dataclass
 class SandboxConfig:
     # Per-call limits (enforced by the kernel in the call's process, not by Python).
-    timeout_s: float = 10.0          # wall clock, default per call
-    max_timeout_s: float = 120.0     # a request may ask for more time, up to this
-    cpu_time_s: int = 10             # RLIMIT_CPU; the hard limit is one second above
-    memory_mb: int = 1024            # address space the call may add on top of its warm parent
-    file_size_mb: int = 16           # RLIMIT_FSIZE; also bounds stdout/stderr floods
-    max_processes: int = 16          # RLIMIT_NPROC of the call's own uid (fork bombs stop here)
+    timeout_s: float = 10.0  # wall clock, default per call
+    max_timeout_s: float = 120.0  # a request may ask for more time, up to this
+    cpu_time_s: int = 10  # RLIMIT_CPU; the hard limit is one second above
+    memory_mb: int = 1024  # address space the call may add on top of its warm parent
+    file_size_mb: int = 16  # RLIMIT_FSIZE; also bounds stdout/stderr floods
+    max_processes: int = 16  # RLIMIT_NPROC of the call's own uid (fork bombs stop here)
     max_open_files: int = 256
-    max_output_bytes: int = 8192     # stdout/stderr returned to the caller, each; the rest is cut with a mark
+    max_output_bytes: int = (
+        8192  # stdout/stderr returned to the caller, each; the rest is cut with a mark
+    )
     max_code_bytes: int = 256 * 1024
     max_stdin_bytes: int = 1024 * 1024
 
     # Executors (fork servers) on this node.
     lean_executors: int = field(default_factory=lambda: os.cpu_count() or 1)
     warm_executors: int = field(default_factory=lambda: os.cpu_count() or 1)
-    slots_per_executor: int = 16     # concurrent calls per executor, each with its own uid
-    spares_per_executor: int = 1     # call processes forked ahead while idle: lower latency per call
+    slots_per_executor: int = 16  # concurrent calls per executor, each with its own uid
+    spares_per_executor: int = 1  # call processes forked ahead while idle: lower latency per call
     warm_modules: tuple[str, ...] = ("numpy", "sympy")
-    # Code importing any of these goes to a warm executor (the rest is cheaper to fork from a lean one).
+    # Code importing any of these goes to a warm executor (the rest is cheaper to fork from a lean
+    # one).
     warm_routes: tuple[str, ...] = ("numpy", "sympy", "mpmath", "scipy", "networkx")
-    uid_base: int = 200_000          # calls run as uids from here up; each service on a host leases its own block (rstar.sandbox.uids)
-    workdir_mb: int = 512            # tmpfs holding the calls' private working directories
-    isolation: str = "auto"          # "strict": refuse to start without full isolation; "auto": warn and degrade
-    max_attempts: int = 3            # a call whose executor or node dies is retried this many times in all
+    # calls run as uids from here up; each service on a host leases its own block
+    # (rstar.sandbox.uids)
+    uid_base: int = 200_000
+    workdir_mb: int = 512  # tmpfs holding the calls' private working directories
+    isolation: str = (
+        "auto"  # "strict": refuse to start without full isolation; "auto": warn and degrade
+    )
+    max_attempts: int = 3  # a call whose executor or node dies is retried this many times in all
 
     # Central queue and send workers.
     batch_size: int = 64
@@ -57,7 +65,7 @@ class SandboxConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SandboxConfig":
+    def from_dict(cls, d: dict) -> SandboxConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -65,13 +73,15 @@ class SandboxConfig:
         return cls(**d)
 
     @classmethod
-    def from_yaml(cls, path: str) -> "SandboxConfig":
+    def from_yaml(cls, path: str) -> SandboxConfig:
         import yaml
 
         with open(path) as f:
             data = yaml.safe_load(f) or {}
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping of sandbox settings, got {type(data).__name__}")
+            raise ValueError(
+                f"{path}: expected a mapping of sandbox settings, got {type(data).__name__}"
+            )
         try:
             return cls.from_dict(data)
         except (TypeError, ValueError) as e:

@@ -9,6 +9,7 @@ The process speaks length-prefixed marshal frames with the pool on socket FD; th
 frame it receives is its config. It is single-threaded on purpose: `sweep` switches the
 process's uid for a moment. Every import here is paid by every fork: keep them few.
 """
+
 from __future__ import annotations
 
 import collections
@@ -49,8 +50,8 @@ class FrameReader:
             (n,) = HEADER.unpack_from(self.buf)
             if len(self.buf) < HEADER.size + n:
                 return
-            payload = bytes(self.buf[HEADER.size:HEADER.size + n])
-            del self.buf[:HEADER.size + n]
+            payload = bytes(self.buf[HEADER.size : HEADER.size + n])
+            del self.buf[: HEADER.size + n]
             yield marshal.loads(payload)
 
 
@@ -86,7 +87,9 @@ class Slot:
 
     def __init__(self, index: int, uid: int | None) -> None:
         self.uid = uid
-        self.stdin, self.out, self.err, self.meta = (os.memfd_create(n) for n in ("in", "out", "err", "meta"))
+        self.stdin, self.out, self.err, self.meta = (
+            os.memfd_create(n) for n in ("in", "out", "err", "meta")
+        )
         self.workdir = f"{WORK_ROOT}/{index}"
 
     def reset(self, stdin: str) -> None:
@@ -103,6 +106,7 @@ class Slot:
             pass
         except OSError:  # the call left files: walk them (fd-based, safe against symlinks)
             import shutil
+
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -111,7 +115,14 @@ class Call:
 
     def __init__(self, req: dict | None, slot: Slot) -> None:
         self.req, self.slot = req, slot  # req is None while the process is a waiting spare
-        self.pid, self.pidfd, self.feed, self.start, self.timed_out, self.done = 0, -1, -1, 0.0, False, False
+        self.pid, self.pidfd, self.feed, self.start, self.timed_out, self.done = (
+            0,
+            -1,
+            -1,
+            0.0,
+            False,
+            False,
+        )
 
 
 def _read_capped(fd: int, cap: int) -> tuple[str, bool]:
@@ -128,31 +139,52 @@ class Executor:
         self.reader = FrameReader()
         self.cfg = self._first_frame()
         self.warnings = [w for w in os.environ.pop("RSTAR_SANDBOX_WARNINGS", "").split("\n") if w]
-        self.privileged = os.geteuid() == 0 and not any("namespaces unavailable" in w for w in self.warnings)
+        self.privileged = os.geteuid() == 0 and not any(
+            "namespaces unavailable" in w for w in self.warnings
+        )
         if not self.privileged:
-            self.warnings.append("not root: calls run under the service's own uid, so a process "
-                                 "that detaches with setsid can outlive its call")
+            self.warnings.append(
+                "not root: calls run under the service's own uid, so a process that detaches with "
+                "setsid can outlive its call"
+            )
         self.huge_pages = 0
         for name in PRELOAD + (tuple(self.cfg["warm_modules"]) if flavour == "warm" else ()):
             __import__(name)
         if flavour == "warm":
             from rstar.sandbox import isolation
+
             self.huge_pages = isolation.collapse_to_huge_pages()
         os.makedirs(WORK_ROOT, mode=0o711, exist_ok=True)
         with open("/proc/self/status") as f:
             vm_size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
         cpu = self.cfg["cpu_time_s"]
         self.limits = [
-            (resource.RLIMIT_CPU, cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL a second later
-            (resource.RLIMIT_AS, vm_size + self.cfg["memory_mb"] * 2**20, vm_size + self.cfg["memory_mb"] * 2**20),
-            (resource.RLIMIT_FSIZE, self.cfg["file_size_mb"] * 2**20, self.cfg["file_size_mb"] * 2**20),
+            (
+                resource.RLIMIT_CPU,
+                cpu,
+                cpu + 1,
+            ),  # SIGXCPU at the soft limit, SIGKILL a second later
+            (
+                resource.RLIMIT_AS,
+                vm_size + self.cfg["memory_mb"] * 2**20,
+                vm_size + self.cfg["memory_mb"] * 2**20,
+            ),
+            (
+                resource.RLIMIT_FSIZE,
+                self.cfg["file_size_mb"] * 2**20,
+                self.cfg["file_size_mb"] * 2**20,
+            ),
             (resource.RLIMIT_NOFILE, self.cfg["max_open_files"], self.cfg["max_open_files"]),
             (resource.RLIMIT_CORE, 0, 0),
         ]
         if self.privileged:  # otherwise NPROC would count the service's own processes
-            self.limits.append((resource.RLIMIT_NPROC, self.cfg["max_processes"], self.cfg["max_processes"]))
-        self.slots = [Slot(i, uid_start + i if self.privileged else None)
-                      for i in range(self.cfg["slots_per_executor"])]
+            self.limits.append(
+                (resource.RLIMIT_NPROC, self.cfg["max_processes"], self.cfg["max_processes"])
+            )
+        self.slots = [
+            Slot(i, uid_start + i if self.privileged else None)
+            for i in range(self.cfg["slots_per_executor"])
+        ]
         self.free = list(reversed(self.slots))
         for slot in self.slots:  # leftovers of a previous executor that had these uids and died
             if slot.uid is not None:
@@ -183,7 +215,7 @@ class Executor:
         data = b"".join(self.outbox)
         self.outbox.clear()
         while data:
-            data = data[os.write(self.fd, data):]
+            data = data[os.write(self.fd, data) :]
 
     # -- call lifecycle -------------------------------------------------------------------
     # A call runs in a process forked for it on demand, or, when the executor is idle, in a
@@ -214,7 +246,15 @@ class Executor:
                 body, last = runner.prepare(req["code"], req["notebook"])
             except Exception as e:  # noqa: BLE001 - SyntaxError, null bytes, too deeply nested...
                 message, reason = runner.compile_error(e)
-                self.send({"id": req["id"], "status": "error", "stderr": message, "exit_code": 1, "reason": reason})
+                self.send(
+                    {
+                        "id": req["id"],
+                        "status": "error",
+                        "stderr": message,
+                        "exit_code": 1,
+                        "reason": reason,
+                    }
+                )
                 continue
             todo.append((req, (req["code"], body, last)))
         return todo
@@ -224,7 +264,7 @@ class Executor:
         call.slot.reset(req["stdin"])
         data = frame(snippet)
         while data:
-            data = data[os.write(call.feed, data):]
+            data = data[os.write(call.feed, data) :]
         os.close(call.feed)
         return call, req
 
@@ -267,7 +307,13 @@ class Executor:
             if slot.uid is not None:
                 os.chown(slot.workdir, slot.uid, slot.uid)
             os.chdir(slot.workdir)
-            for fd, target in ((slot.stdin, 0), (slot.out, 1), (slot.err, 2), (slot.meta, 3), (feed_r, 4)):
+            for fd, target in (
+                (slot.stdin, 0),
+                (slot.out, 1),
+                (slot.err, 2),
+                (slot.meta, 3),
+                (feed_r, 4),
+            ):
                 if fd >= 0:
                     os.dup2(fd, target)
             os.closerange(5 if feed_r >= 0 else 4, 1 << 20)
@@ -279,7 +325,9 @@ class Executor:
                         os._exit(0)
                     snippet = next(reader.feed(data), None)
                 os.close(4)
-            confine(slot.uid, self.limits)  # only now: a process has a call uid only while it runs a call
+            confine(
+                slot.uid, self.limits
+            )  # only now: a process has a call uid only while it runs a call
             source, body, last = snippet
             code = runner.run(source, body, last, 3, self.cfg["max_output_bytes"])
         except BaseException as e:  # noqa: BLE001 - report, never fall back into the server loop
@@ -331,13 +379,21 @@ class Executor:
         meta = os.pread(slot.meta, cap + 2048, 0).decode("utf-8", "replace")
         slot.clean()
         self.free.append(slot)
-        if call.req is None:  # a spare that died unused (killed at shutdown, say): nothing to report
+        if (
+            call.req is None
+        ):  # a spare that died unused (killed at shutdown, say): nothing to report
             if call in self.spares:
                 self.spares.remove(call)
                 os.close(call.feed)
             return
-        result = {"id": call.req["id"], "stdout": stdout, "stderr": stderr, "truncated": cut_out or cut_err,
-                  "wall_s": wall, "cpu_s": cpu_s}
+        result = {
+            "id": call.req["id"],
+            "stdout": stdout,
+            "stderr": stderr,
+            "truncated": cut_out or cut_err,
+            "wall_s": wall,
+            "cpu_s": cpu_s,
+        }
         result.update(self.classify(call, status, meta, cpu_s))
         self.send(result)
 
@@ -345,36 +401,72 @@ class Executor:
         if os.WIFEXITED(status):
             code = os.WEXITSTATUS(status)
             if code == 0:
-                return {"exit_code": 0, "status": "ok", "value": meta[1:] if meta.startswith("V") else None}
+                return {
+                    "exit_code": 0,
+                    "status": "ok",
+                    "value": meta[1:] if meta.startswith("V") else None,
+                }
             if code == SETUP_FAILED and not meta:
-                return {"exit_code": code, "status": "killed", "reason": "the sandbox could not set up the call"}
+                return {
+                    "exit_code": code,
+                    "status": "killed",
+                    "reason": "the sandbox could not set up the call",
+                }
             reason = meta[1:] if meta.startswith("E") else f"exit code {code}"
             if reason.startswith("MemoryError"):
                 reason = f"MemoryError: memory limit of {self.cfg['memory_mb']} MiB exceeded"
-            elif "[Errno 27]" in reason:  # EFBIG: Python ignores SIGXFSZ, so the write raised instead
-                return {"exit_code": code, "status": "killed",
-                        "reason": f"output or file size limit of {self.cfg['file_size_mb']} MiB exceeded"}
+            elif (
+                "[Errno 27]" in reason
+            ):  # EFBIG: Python ignores SIGXFSZ, so the write raised instead
+                return {
+                    "exit_code": code,
+                    "status": "killed",
+                    "reason": f"output or file size limit of {self.cfg['file_size_mb']} MiB "
+                    "exceeded",
+                }
             return {"exit_code": code, "status": "error", "reason": reason}
         sig = os.WTERMSIG(status)
         if call.timed_out:
-            return {"signal": sig, "status": "timeout",
-                    "reason": f"wall-clock limit of {call.req['timeout']:g}s exceeded"}
+            return {
+                "signal": sig,
+                "status": "timeout",
+                "reason": f"wall-clock limit of {call.req['timeout']:g}s exceeded",
+            }
         if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= self.cfg["cpu_time_s"]):
-            return {"signal": sig, "status": "timeout",
-                    "reason": f"CPU time limit of {self.cfg['cpu_time_s']}s exceeded"}
+            return {
+                "signal": sig,
+                "status": "timeout",
+                "reason": f"CPU time limit of {self.cfg['cpu_time_s']}s exceeded",
+            }
         if sig == signal.SIGXFSZ:
-            return {"signal": sig, "status": "killed",
-                    "reason": f"output or file size limit of {self.cfg['file_size_mb']} MiB exceeded"}
-        return {"signal": sig, "status": "killed", "reason": f"terminated by {signal.Signals(sig).name}"}
+            return {
+                "signal": sig,
+                "status": "killed",
+                "reason": f"output or file size limit of {self.cfg['file_size_mb']} MiB exceeded",
+            }
+        return {
+            "signal": sig,
+            "status": "killed",
+            "reason": f"terminated by {signal.Signals(sig).name}",
+        }
 
     # -- main loop ------------------------------------------------------------------------
     def serve(self) -> None:
         self.poller.register(self.fd, select.POLLIN)
-        self.send({"hello": os.getpid(), "flavour": self.flavour, "warnings": self.warnings,
-                   "privileged": self.privileged, "huge_pages": self.huge_pages})
+        self.send(
+            {
+                "hello": os.getpid(),
+                "flavour": self.flavour,
+                "warnings": self.warnings,
+                "privileged": self.privileged,
+                "huge_pages": self.huge_pages,
+            }
+        )
         self.flush()
         while True:
-            timeout = max(0.0, self.deadlines[0][0] - time.monotonic()) * 1000 if self.deadlines else None
+            timeout = (
+                max(0.0, self.deadlines[0][0] - time.monotonic()) * 1000 if self.deadlines else None
+            )
             for fd, _ in self.poller.poll(timeout):
                 if fd == self.fd:
                     try:

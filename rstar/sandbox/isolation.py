@@ -12,6 +12,7 @@ execs the executor, so the executor itself never loads ctypes (a lean parent for
   anything) or checkpoints, not the home directory a venv may live under;
 - the executor is a child subreaper, so processes a call orphans are re-parented to it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -23,21 +24,54 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
-    1, 2, 4, 8, 32, 1 << 12, 1 << 14, 1 << 18)
-_KEEP_FLAGS = {"ro": MS_RDONLY, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": 1 << 10,
-               "nodiratime": 1 << 11, "relatime": 1 << 21, "strictatime": 1 << 24}
+    1,
+    2,
+    4,
+    8,
+    32,
+    1 << 12,
+    1 << 14,
+    1 << 18,
+)
+_KEEP_FLAGS = {
+    "ro": MS_RDONLY,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": 1 << 10,
+    "nodiratime": 1 << 11,
+    "relatime": 1 << 21,
+    "strictatime": 1 << 24,
+}
 PR_SET_CHILD_SUBREAPER = 36
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
 HUGE = 1 << 21
 
 WORK_ROOT = "/tmp/rstar-calls"
-NEW_ROOT = "/tmp/.rstar-sandbox-root"  # a mount point on the host; each executor mounts its own root there
+NEW_ROOT = (
+    "/tmp/.rstar-sandbox-root"  # a mount point on the host; each executor mounts its own root there
+)
 # What every call may read, besides the interpreter's own paths (interpreter_paths).
-SYSTEM_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/localtime",
-                "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+SYSTEM_PATHS = (
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/bin",
+    "/sbin",
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+)
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}  # syscall numbers: glibc has no wrapper
 MNT_DETACH = 2
-_STAY_WRITABLE = ("/tmp", "/proc")  # the calls' tmpfs (not what is bound into it); /proc/self/oom_score_adj
+_STAY_WRITABLE = (
+    "/tmp",
+    "/proc",
+)  # the calls' tmpfs (not what is bound into it); /proc/self/oom_score_adj
 
 
 def _check(ret: int, what: str) -> None:
@@ -46,9 +80,19 @@ def _check(ret: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    _check(_libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None,
-                       flags, data.encode() if data else None), f"mount {target}")
+def _mount(
+    source: str, target: str, fstype: str | None, flags: int, data: str | None = None
+) -> None:
+    _check(
+        _libc.mount(
+            source.encode(),
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        ),
+        f"mount {target}",
+    )
 
 
 def privileged() -> bool:
@@ -74,7 +118,9 @@ def _minimal_paths(paths: list[str]) -> list[str]:
     """Existing paths, each once: none under another already listed (its bind covers it)."""
     out: list[str] = []
     for p in sorted({os.path.normpath(p) for p in paths if os.path.lexists(p)}, key=len):
-        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out if not os.path.islink(q)):
+        if not any(
+            p == q or p.startswith(q.rstrip("/") + "/") for q in out if not os.path.islink(q)
+        ):
             out.append(p)
     return out
 
@@ -96,14 +142,23 @@ def _build_root(workdir_mb: int, paths: list[str]) -> list[str]:
     warnings = []
     os.makedirs(NEW_ROOT, mode=0o755, exist_ok=True)
     _mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
-    for path, size in (("/tmp", f"{workdir_mb}m"), ("/dev/shm", "1m")):  # first: a checkout in /tmp binds on top
+    for path, size in (
+        ("/tmp", f"{workdir_mb}m"),
+        ("/dev/shm", "1m"),
+    ):  # first: a checkout in /tmp binds on top
         os.makedirs(NEW_ROOT + path, mode=0o755, exist_ok=True)
         _mount("tmpfs", NEW_ROOT + path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0755,size={size}")
     for path in _minimal_paths([*SYSTEM_PATHS, *paths]):
         _bind_into(NEW_ROOT, path)
     os.makedirs(NEW_ROOT + "/proc", mode=0o555, exist_ok=True)
     try:
-        _mount("proc", NEW_ROOT + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
+        _mount(
+            "proc",
+            NEW_ROOT + "/proc",
+            "proc",
+            MS_NOSUID | MS_NODEV | MS_NOEXEC,
+            "hidepid=invisible",
+        )
     except OSError as e:  # not our pid namespace (unprivileged): the host's, as it is
         warnings.append(f"/proc not mounted with hidepid: {e}")
         _mount("/proc", NEW_ROOT + "/proc", None, MS_BIND | MS_REC)
@@ -148,14 +203,22 @@ def enter_namespaces(workdir_mb: int, expose: list[str]) -> list[str]:
     else:
         uid, gid = os.geteuid(), os.getegid()
         try:
-            _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET), "unshare(user, mount, net)")
-            for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"0 {uid} 1"),
-                               ("/proc/self/gid_map", f"0 {gid} 1")):
+            _check(
+                _libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET),
+                "unshare(user, mount, net)",
+            )
+            for path, text in (
+                ("/proc/self/setgroups", "deny"),
+                ("/proc/self/uid_map", f"0 {uid} 1"),
+                ("/proc/self/gid_map", f"0 {gid} 1"),
+            ):
                 with open(path, "w") as f:
                     f.write(text)
         except OSError as e:
-            return [f"no network or mount namespace ({e}): calls can reach the network "
-                    "and write to shared directories such as /tmp"]
+            return [
+                f"no network or mount namespace ({e}): calls can reach the network "
+                "and write to shared directories such as /tmp"
+            ]
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
     warnings += _build_root(workdir_mb, expose)
     warnings += _lock_down_mounts()
@@ -191,11 +254,22 @@ def interpreter_paths() -> list[str]:
     package = os.path.join(project, "rstar")
     # Started with -S, a venv's python reports the base prefix: find the venv from the executable
     venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
-    paths = [os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, sys.exec_prefix, package]
+    paths = [
+        os.path.realpath(sys.executable),
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        package,
+    ]
     if os.path.exists(os.path.join(venv, "pyvenv.cfg")):
-        paths += [venv, os.path.realpath(venv)]  # the path it was started by, and where it really is
+        paths += [
+            venv,
+            os.path.realpath(venv),
+        ]  # the path it was started by, and where it really is
     # sys.path also holds the working directory ("/" here, for -m) and the project root: not those
-    return paths + [p for p in sys.path if p and os.path.realpath(p) not in ("/", os.path.realpath(project))]
+    return paths + [
+        p for p in sys.path if p and os.path.realpath(p) not in ("/", os.path.realpath(project))
+    ]
 
 
 def main(argv: list[str]) -> None:
@@ -210,7 +284,9 @@ def main(argv: list[str]) -> None:
     flavour = argv[1]
     # A lean executor skips site-packages processing (-S): fewer modules, cheaper forks.
     flags = ["-S"] if flavour == "lean" else []
-    os.execve(sys.executable, [sys.executable, *flags, "-m", "rstar.sandbox.executor", *argv[1:]], env)
+    os.execve(
+        sys.executable, [sys.executable, *flags, "-m", "rstar.sandbox.executor", *argv[1:]], env
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 imports, bounds in-flight calls by the executors' slots, and retries calls whose
 executor died (the executor is restarted) up to `max_attempts`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +21,9 @@ from rstar.sandbox.result import ExecRequest, ExecResult, Status
 from rstar.sandbox.uids import UidRange
 
 log = logging.getLogger(__name__)
-_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([A-Za-z_]\w*)|import[ \t]+([A-Za-z_][\w \t,.]*))", re.MULTILINE)
+_IMPORT = re.compile(
+    r"^[ \t]*(?:from[ \t]+([A-Za-z_]\w*)|import[ \t]+([A-Za-z_][\w \t,.]*))", re.MULTILINE
+)
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -60,14 +63,20 @@ def executor_env(flavour: str) -> dict[str, str]:
         "LANG": "C.UTF-8",
         "PYTHONIOENCODING": "utf-8",
         "PYTHONDONTWRITEBYTECODE": "1",
-        # compiling model code warns about its escapes on the executor's stderr, i.e. the service's log
+        # compiling model code warns about its escapes on the executor's stderr, i.e. the service's
+        # log
         "PYTHONWARNINGS": "ignore::SyntaxWarning",
         "PYTHONPATH": _PROJECT_ROOT,
-        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
         # A call's working directory is its cwd; relative paths resolve there for every call.
-        "HOME": ".", "TMPDIR": ".",
+        "HOME": ".",
+        "TMPDIR": ".",
     }
-    if flavour == "warm":  # glibc malloc on transparent huge pages: fork copies far fewer page tables
+    if (
+        flavour == "warm"
+    ):  # glibc malloc on transparent huge pages: fork copies far fewer page tables
         env.update(PYTHONMALLOC="malloc", GLIBC_TUNABLES="glibc.malloc.hugetlb=1")
     return env
 
@@ -92,10 +101,20 @@ class ExecutorHandle:
     async def start(self, on_lost) -> None:
         mine, theirs = socket.socketpair()
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-S", "-m", "rstar.sandbox.isolation", str(self.cfg.workdir_mb), self.flavour,
-            str(self.uid_start), str(theirs.fileno()), pass_fds=[theirs.fileno()],
-            env=executor_env(self.flavour), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, cwd="/")
+            sys.executable,
+            "-S",
+            "-m",
+            "rstar.sandbox.isolation",
+            str(self.cfg.workdir_mb),
+            self.flavour,
+            str(self.uid_start),
+            str(theirs.fileno()),
+            pass_fds=[theirs.fileno()],
+            env=executor_env(self.flavour),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            cwd="/",
+        )
         theirs.close()
         reader, self.writer = await asyncio.open_connection(sock=mine, limit=1 << 24)
         self.writer.write(frame(self.cfg.to_dict()))
@@ -104,8 +123,10 @@ class ExecutorHandle:
             self.hello = await asyncio.wait_for(self._next_frame(reader, frames), 120)
         except Exception as e:
             self.proc.kill()
-            raise RuntimeError(f"{self.flavour} executor {self.index} failed to start "
-                               f"(exit code {await self.proc.wait()}): {e!r}") from e
+            raise RuntimeError(
+                f"{self.flavour} executor {self.index} failed to start (exit code "
+                f"{await self.proc.wait()}): {e!r}"
+            ) from e
         for w in self.hello.get("warnings", []):
             log.warning("sandbox %s executor: %s", self.flavour, w)
         self.alive = True
@@ -148,7 +169,7 @@ class ExecutorHandle:
         if self.proc and self.proc.returncode is None:
             try:
                 await asyncio.wait_for(self.proc.wait(), 5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
 
@@ -172,7 +193,9 @@ class ExecutorPool:
 
     @property
     def capacity(self) -> int:
-        return sum(self.cfg.slots_per_executor for hs in self.executors.values() for h in hs if h.alive)
+        return sum(
+            self.cfg.slots_per_executor for hs in self.executors.values() for h in hs if h.alive
+        )
 
     @property
     def inflight(self) -> int:
@@ -180,24 +203,33 @@ class ExecutorPool:
 
     @property
     def warnings(self) -> list[str]:
-        return sorted({w for hs in self.executors.values() for h in hs for w in h.hello.get("warnings", [])})
+        return sorted(
+            {w for hs in self.executors.values() for h in hs for w in h.hello.get("warnings", [])}
+        )
 
-    async def start(self) -> "ExecutorPool":
+    async def start(self) -> ExecutorPool:
         executors = max(1, self.cfg.lean_executors) + max(1, self.cfg.warm_executors)
         self._uids = UidRange.lease(self.cfg.uid_base, executors * self.cfg.slots_per_executor)
         uid = self._uids.start
-        for flavour, count in (("lean", self.cfg.lean_executors), ("warm", self.cfg.warm_executors)):
+        for flavour, count in (
+            ("lean", self.cfg.lean_executors),
+            ("warm", self.cfg.warm_executors),
+        ):
             for i in range(max(1, count)):
                 self.executors[flavour].append(ExecutorHandle(flavour, i, uid, self.cfg))
                 uid += self.cfg.slots_per_executor
-            self._slots[flavour] = asyncio.Semaphore(len(self.executors[flavour]) * self.cfg.slots_per_executor)
+            self._slots[flavour] = asyncio.Semaphore(
+                len(self.executors[flavour]) * self.cfg.slots_per_executor
+            )
             self._alive[flavour] = asyncio.Event()
-        await asyncio.gather(*(h.start(self._on_lost) for hs in self.executors.values() for h in hs))
+        await asyncio.gather(
+            *(h.start(self._on_lost) for hs in self.executors.values() for h in hs)
+        )
         for flavour in self.executors:
             self._alive[flavour].set()
         return self
 
-    async def __aenter__(self) -> "ExecutorPool":
+    async def __aenter__(self) -> ExecutorPool:
         return await self.start()
 
     async def __aexit__(self, *exc) -> None:
@@ -231,15 +263,24 @@ class ExecutorPool:
             return ExecResult.rejected(problem)
         flavour = flavour_for(req.code, self.cfg)
         timeout = self.cfg.clamp_timeout(req.timeout_s)
-        payload = {"code": req.code, "stdin": req.stdin, "timeout": timeout, "notebook": req.notebook}
+        payload = {
+            "code": req.code,
+            "stdin": req.stdin,
+            "timeout": timeout,
+            "notebook": req.notebook,
+        }
         async with self._slots[flavour]:
             for attempt in range(1, self.cfg.max_attempts + 1):
                 await self._alive[flavour].wait()
-                # least loaded; ties go round robin, so an idle executor has time to fork its spare again
+                # least loaded; ties go round robin, so an idle executor has time to fork its spare
+                # again
                 group = self.executors[flavour]
                 turn = self._ids % len(group)
-                handle = min((h for h in group[turn:] + group[:turn] if h.alive),
-                             key=lambda h: len(h.inflight), default=None)
+                handle = min(
+                    (h for h in group[turn:] + group[:turn] if h.alive),
+                    key=lambda h: len(h.inflight),
+                    default=None,
+                )
                 if handle is None:
                     continue
                 self._ids += 1
@@ -251,10 +292,15 @@ class ExecutorPool:
                     continue
                 res["status"] = Status(res["status"])
                 return ExecResult(attempts=attempt, **res)
-        return ExecResult(status=Status.KILLED, reason=f"executor lost {self.cfg.max_attempts} times",
-                          attempts=self.cfg.max_attempts)
+        return ExecResult(
+            status=Status.KILLED,
+            reason=f"executor lost {self.cfg.max_attempts} times",
+            attempts=self.cfg.max_attempts,
+        )
 
     async def run_many(self, reqs: list[ExecRequest]) -> list[ExecResult]:
-        if len(reqs) == 1:  # no task hop for a lone call: it is latency, not throughput, that counts
+        if (
+            len(reqs) == 1
+        ):  # no task hop for a lone call: it is latency, not throughput, that counts
             return [await self.run(reqs[0])]
         return list(await asyncio.gather(*(self.run(r) for r in reqs)))

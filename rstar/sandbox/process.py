@@ -1,4 +1,5 @@
 """Run a sandbox service: in this process (`serve`) or as a managed local subprocess."""
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,16 @@ from rstar.sandbox.server import create_app
 from rstar.sandbox.service import SandboxService
 
 
-def serve(host: str, port: int, cfg: SandboxConfig, *, local: bool = True, workers: list[str] = (),
-          join: str | None = None, log_level: str = "warning") -> None:
+def serve(
+    host: str,
+    port: int,
+    cfg: SandboxConfig,
+    *,
+    local: bool = True,
+    workers: list[str] = (),
+    join: str | None = None,
+    log_level: str = "warning",
+) -> None:
     service = SandboxService(cfg, local=local, remotes=list(workers))
     app = create_app(service, join=join, public_url=f"http://{host}:{port}")
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
@@ -35,21 +44,41 @@ class SandboxProcess:
     The child gets its own process group, so `kill()` takes down the service and its
     executors together (used by tests that kill a worker node mid-batch)."""
 
-    def __init__(self, *args: str, port: int | None = None, host: str = "127.0.0.1",
-                 env: dict[str, str] | None = None, startup_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        *args: str,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        env: dict[str, str] | None = None,
+        startup_timeout_s: float = 120.0,
+    ) -> None:
         self.host, self.port = host, port or free_port(host)
         self.url = f"http://{self.host}:{self.port}"
         self.args, self.env, self.startup_timeout_s = list(args), env, startup_timeout_s
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "SandboxProcess":
-        cmd = [sys.executable, "-m", "rstar.cli", "sandbox", "serve", "--host", self.host,
-               "--port", str(self.port), *self.args]
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **(self.env or {})}, start_new_session=True)
+    def start(self) -> SandboxProcess:
+        cmd = [
+            sys.executable,
+            "-m",
+            "rstar.cli",
+            "sandbox",
+            "serve",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, env={**os.environ, **(self.env or {})}, start_new_session=True
+        )
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"sandbox service exited with {self.proc.returncode} during start-up")
+                raise RuntimeError(
+                    f"sandbox service exited with {self.proc.returncode} during start-up"
+                )
             try:
                 check_health(self.url, timeout_s=1.0)
                 return self
@@ -57,7 +86,9 @@ class SandboxProcess:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise TimeoutError(f"sandbox service on {self.url} not healthy after {self.startup_timeout_s}s")
+        raise TimeoutError(
+            f"sandbox service on {self.url} not healthy after {self.startup_timeout_s}s"
+        )
 
     def kill(self) -> None:
         """SIGKILL the service process, as a crash would. Its executors see their channel close
@@ -76,7 +107,7 @@ class SandboxProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
 
-    def __enter__(self) -> "SandboxProcess":
+    def __enter__(self) -> SandboxProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -1,4 +1,5 @@
 """The request and result types every sandbox layer speaks (executor, service, HTTP, client)."""
+
 from __future__ import annotations
 
 import enum
@@ -11,10 +12,10 @@ import msgspec
 class Status(str, enum.Enum):
     """What happened to a call. Every result carries one, so callers never parse text."""
 
-    OK = "ok"              # ran to completion (exit code 0)
-    ERROR = "error"        # raised, exited non-zero, or could not be parsed
-    TIMEOUT = "timeout"    # wall-clock or CPU-time limit reached
-    KILLED = "killed"      # stopped by a signal or a limit other than time (output, file size, crash)
+    OK = "ok"  # ran to completion (exit code 0)
+    ERROR = "error"  # raised, exited non-zero, or could not be parsed
+    TIMEOUT = "timeout"  # wall-clock or CPU-time limit reached
+    KILLED = "killed"  # stopped by a signal or a limit other than time (output, file size, crash)
     REJECTED = "rejected"  # never ran: invalid request, code too large, service overloaded
 
 
@@ -23,22 +24,22 @@ class ExecRequest:
     code: str
     stdin: str = ""
     timeout_s: float | None = None  # None: the service default
-    notebook: bool = True           # echo the value of a final bare expression, like a notebook cell
+    notebook: bool = True  # echo the value of a final bare expression, like a notebook cell
 
 
 @dataclass
 class ExecResult:
     status: Status
     stdout: str = ""
-    stderr: str = ""                # trimmed traceback for errors, or the program's own stderr
-    value: str | None = None        # repr of the final bare expression (notebook mode)
+    stderr: str = ""  # trimmed traceback for errors, or the program's own stderr
+    value: str | None = None  # repr of the final bare expression (notebook mode)
     exit_code: int | None = None
     signal: int | None = None
-    reason: str = ""                # one line for humans: why it is not ok
-    truncated: bool = False         # stdout or stderr was cut to the output cap
+    reason: str = ""  # one line for humans: why it is not ok
+    truncated: bool = False  # stdout or stderr was cut to the output cap
     wall_s: float = 0.0
     cpu_s: float = 0.0
-    attempts: int = 1               # >1 when the call was retried after losing its worker
+    attempts: int = 1  # >1 when the call was retried after losing its worker
     extra: dict = field(default_factory=dict)
 
     @property
@@ -51,7 +52,7 @@ class ExecResult:
         return d
 
     @classmethod
-    def rejected(cls, reason: str) -> "ExecResult":
+    def rejected(cls, reason: str) -> ExecResult:
         return cls(status=Status.REJECTED, reason=reason)
 
     def tool_text(self) -> str:
@@ -74,6 +75,7 @@ class ExecResult:
 
 class ExecuteBody(msgspec.Struct):
     """The native batch API's request body (`POST /v1/execute`), checked while it is parsed."""
+
     requests: Annotated[list[ExecRequest], msgspec.Meta(min_length=1)]
 
 

@@ -5,6 +5,7 @@ reported separately (like a Jupyter cell). Tracebacks are trimmed to the frames
 that help a model fix its code. Compiling before the fork matters for speed: the
 child then allocates almost nothing, and every page it touches costs a copy.
 """
+
 from __future__ import annotations
 
 import _ast
@@ -41,7 +42,7 @@ def trimmed_traceback(exc: BaseException, code: str) -> str:
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
     last_user = max((i for i, f in enumerate(frames) if f.filename == FILENAME), default=-1)
     head = [f for f in frames[: last_user + 1] if f.filename == FILENAME]
-    tail = frames[last_user + 1:]
+    tail = frames[last_user + 1 :]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(head)]
     if len(tail) > _KEEP_LIBRARY_FRAMES:
         lines.append(f"  ... {len(tail) - _KEEP_LIBRARY_FRAMES} library frames omitted ...\n")
@@ -60,17 +61,20 @@ def run(code: str, body, last, meta_fd: int, max_value_chars: int) -> int:
     try:
         exec(body, namespace)
         if last is not None:
-            value = eval(last, namespace)
+            value = eval(last, namespace)  # noqa: S307 - running the snippet is the point
             if value is not None:
                 text = repr(value)
                 if len(text) > max_value_chars:
-                    text = text[:max_value_chars] + f"... [value truncated: {len(text) - max_value_chars} more chars]"
+                    text = (
+                        text[:max_value_chars]
+                        + f"... [value truncated: {len(text) - max_value_chars} more chars]"
+                    )
                 meta = b"V" + text.encode("utf-8", "replace")
     except SystemExit as e:
         if isinstance(e.code, int):
             exit_code = e.code & 0xFF
         elif e.code is not None:
-            print(e.code, file=sys.stderr)
+            print(e.code, file=sys.stderr)  # noqa: T201 - as Python shows sys.exit("message")
             exit_code = 1
     except BaseException as e:  # noqa: BLE001 - everything the snippet raises is its result
         sys.stderr.write(trimmed_traceback(e, code))

@@ -1,13 +1,16 @@
 """HTTP front of a `SandboxService`: the native batch API plus drop-in compatible endpoints.
 
-- `POST /v1/execute`             {"requests": [{"code", "stdin", "timeout_s", "notebook"}]} -> {"results": [...]}
-- `POST /run`, `/run/batch`, `/run/long-batch`   code-judge's API (what the rStar2-Agent release calls)
+- `POST /v1/execute` {"requests": [{"code", "stdin", "timeout_s", "notebook"}]} -> {"results":
+  [...]}
+- `POST /run`, `/run/batch`, `/run/long-batch` code-judge's API (what the rStar2-Agent release
+  calls)
 - `POST /run_code`               SandboxFusion's API (what verl's SandboxFusion tool calls)
-- `GET /health`, `GET /stats`    liveness, capacity, nodes, queue depth, calls/s, latency percentiles
+- `GET /health`, `GET /stats` liveness, capacity, nodes, queue depth, calls/s, latency percentiles
 - `POST /v1/nodes`               a worker node joins this head: {"url": "http://host:port"}
 
 Malformed requests get a 4xx whose message names the field; the service keeps serving.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +21,6 @@ import uuid
 from typing import Literal
 
 import aiohttp
-
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,8 +31,9 @@ from rstar.sandbox.result import ExecRequest, ExecResult, Status, decode_execute
 from rstar.sandbox.service import SandboxService
 
 MAX_BODY_BYTES = 256 * 2**20
-BATCH_QUEUE_ALLOWANCE_S = 60.0  # /run/batch gives up on calls still queued this long after their limit
-
+BATCH_QUEUE_ALLOWANCE_S = (
+    60.0  # /run/batch gives up on calls still queued this long after their limit
+)
 
 
 class _Strict(BaseModel):
@@ -82,8 +85,13 @@ class BodyLimit:
         if scope["type"] == "http":
             length = dict(scope["headers"]).get(b"content-length", b"0")
             if length.isdigit() and int(length) > self.max_bytes:
-                response = JSONResponse({"detail": f"request body is {int(length)} bytes; "
-                                                   f"the limit is {self.max_bytes}"}, status_code=413)
+                response = JSONResponse(
+                    {
+                        "detail": f"request body is {int(length)} bytes; "
+                        f"the limit is {self.max_bytes}"
+                    },
+                    status_code=413,
+                )
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
 
@@ -96,7 +104,8 @@ def _unprocessable(problems: list[tuple[str, str]]) -> JSONResponse:
 
 
 def _msgspec_problem(e: Exception) -> tuple[str, str]:
-    """("requests.0.code", "Expected `str`, got `int`") from msgspec's "... - at `$.requests[0].code`"."""
+    """("requests.0.code", "Expected `str`, got `int`") from msgspec's "... - at
+    `$.requests[0].code`"."""
     if not isinstance(e, msgspec.ValidationError):
         return "body", f"invalid JSON: {e}"
     message, _, where = str(e).partition(" - at `$")
@@ -126,8 +135,15 @@ def _code_judge_result(sub_id: str, r: ExecResult, expected: str | None) -> dict
     reason = {Status.TIMEOUT: "worker_timeout", Status.REJECTED: "internal_error"}.get(r.status, "")
     if r.status is Status.KILLED and r.reason.startswith("lost"):
         reason = "internal_error"
-    return {"sub_id": sub_id, "success": success, "run_success": run_success, "cost": r.wall_s,
-            "stdout": r.stdout, "stderr": r.stderr or (r.reason if not run_success else ""), "reason": reason}
+    return {
+        "sub_id": sub_id,
+        "success": success,
+        "run_success": run_success,
+        "cost": r.wall_s,
+        "stdout": r.stdout,
+        "stderr": r.stderr or (r.reason if not run_success else ""),
+        "reason": reason,
+    }
 
 
 log = logging.getLogger(__name__)
@@ -138,14 +154,18 @@ async def _keep_joined(head: str, me: str) -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as http:
         while True:
             try:
-                async with http.post(f"{head.rstrip('/')}/v1/nodes", json={"url": me}, raise_for_status=True):
+                async with http.post(
+                    f"{head.rstrip('/')}/v1/nodes", json={"url": me}, raise_for_status=True
+                ):
                     pass
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            except (TimeoutError, aiohttp.ClientError) as e:
                 log.warning("could not join head %s: %r", head, e)
             await asyncio.sleep(5.0)
 
 
-def create_app(service: SandboxService, *, join: str | None = None, public_url: str | None = None) -> FastAPI:
+def create_app(
+    service: SandboxService, *, join: str | None = None, public_url: str | None = None
+) -> FastAPI:
     """The HTTP app; it starts and stops `service` with its lifespan. With `join`, this service
     registers itself (as `public_url`) as a worker node of the head service at `join`."""
 
@@ -207,13 +227,26 @@ def create_app(service: SandboxService, *, join: str | None = None, public_url: 
 
     async def run_submissions(subs: list[Submission], wait_s: float | None) -> list[dict]:
         ids = [s.sub_id or str(uuid.uuid4()) for s in subs]
-        task = asyncio.ensure_future(service.run_many(
-            [ExecRequest(s.solution, s.input or "", None, notebook=False) for s in subs]))
+        task = asyncio.ensure_future(
+            service.run_many(
+                [ExecRequest(s.solution, s.input or "", None, notebook=False) for s in subs]
+            )
+        )
         try:
             results = await asyncio.wait_for(asyncio.shield(task), wait_s) if wait_s else await task
-        except asyncio.TimeoutError:
-            return [{"sub_id": i, "success": False, "run_success": False, "cost": 0.0, "stdout": "",
-                     "stderr": "", "reason": "queue_timeout"} for i in ids]
+        except TimeoutError:
+            return [
+                {
+                    "sub_id": i,
+                    "success": False,
+                    "run_success": False,
+                    "cost": 0.0,
+                    "stdout": "",
+                    "stderr": "",
+                    "reason": "queue_timeout",
+                }
+                for i in ids
+            ]
         return [_code_judge_result(i, r, s.expected_output) for i, r, s in zip(ids, results, subs)]
 
     @app.post("/run")
@@ -223,30 +256,71 @@ def create_app(service: SandboxService, *, join: str | None = None, public_url: 
 
     @app.post("/run/batch")
     async def run_batch(batch: BatchSubmission):
-        _check_sizes(service, [(f"submissions.{i}.solution", s.solution) for i, s in enumerate(batch.submissions)])
+        _check_sizes(
+            service,
+            [(f"submissions.{i}.solution", s.solution) for i, s in enumerate(batch.submissions)],
+        )
         wait = service.cfg.max_timeout_s + BATCH_QUEUE_ALLOWANCE_S
-        return json_response({"sub_id": batch.sub_id or str(uuid.uuid4()),
-                              "results": await run_submissions(batch.submissions, wait)})
+        return json_response(
+            {
+                "sub_id": batch.sub_id or str(uuid.uuid4()),
+                "results": await run_submissions(batch.submissions, wait),
+            }
+        )
 
     @app.post("/run/long-batch")
     async def run_long_batch(batch: BatchSubmission):
-        _check_sizes(service, [(f"submissions.{i}.solution", s.solution) for i, s in enumerate(batch.submissions)])
-        return json_response({"sub_id": batch.sub_id or str(uuid.uuid4()),
-                              "results": await run_submissions(batch.submissions, None)})
+        _check_sizes(
+            service,
+            [(f"submissions.{i}.solution", s.solution) for i, s in enumerate(batch.submissions)],
+        )
+        return json_response(
+            {
+                "sub_id": batch.sub_id or str(uuid.uuid4()),
+                "results": await run_submissions(batch.submissions, None),
+            }
+        )
 
     @app.post("/run_code")
     async def run_code(body: RunCodeIn):
         _check_sizes(service, [("code", body.code)])
-        r = (await service.run_many([ExecRequest(body.code, body.stdin or "", body.run_timeout, notebook=False)]))[0]
-        if r.status is Status.REJECTED or (r.status is Status.KILLED and r.reason.startswith("lost")):
-            return json_response({"status": "SandboxError", "message": r.reason, "compile_result": None,
-                                  "run_result": None, "executor_pod_name": None, "files": {}})
-        run_status = {Status.TIMEOUT: "TimeLimitExceeded", Status.KILLED: "Error"}.get(r.status, "Finished")
+        r = (
+            await service.run_many(
+                [ExecRequest(body.code, body.stdin or "", body.run_timeout, notebook=False)]
+            )
+        )[0]
+        if r.status is Status.REJECTED or (
+            r.status is Status.KILLED and r.reason.startswith("lost")
+        ):
+            return json_response(
+                {
+                    "status": "SandboxError",
+                    "message": r.reason,
+                    "compile_result": None,
+                    "run_result": None,
+                    "executor_pod_name": None,
+                    "files": {},
+                }
+            )
+        run_status = {Status.TIMEOUT: "TimeLimitExceeded", Status.KILLED: "Error"}.get(
+            r.status, "Finished"
+        )
         ok = r.status is Status.OK
-        return json_response({
-            "status": "Success" if ok else "Failed", "message": "" if ok else r.reason, "compile_result": None,
-            "run_result": {"status": run_status, "execution_time": r.wall_s, "return_code": r.exit_code,
-                           "stdout": r.stdout, "stderr": r.stderr},
-            "executor_pod_name": None, "files": {}})
+        return json_response(
+            {
+                "status": "Success" if ok else "Failed",
+                "message": "" if ok else r.reason,
+                "compile_result": None,
+                "run_result": {
+                    "status": run_status,
+                    "execution_time": r.wall_s,
+                    "return_code": r.exit_code,
+                    "stdout": r.stdout,
+                    "stderr": r.stderr,
+                },
+                "executor_pod_name": None,
+                "files": {},
+            }
+        )
 
     return app

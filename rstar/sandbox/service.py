@@ -7,6 +7,7 @@ A batch whose node dies is put back on the queue and runs elsewhere; no call is 
     async with SandboxService(SandboxConfig()) as sb:
         result = await sb.run("print(2**100)")
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +20,15 @@ import aiohttp
 
 from rstar.sandbox.config import SandboxConfig
 from rstar.sandbox.pool import ExecutorPool
-from rstar.sandbox.result import (JSON_HEADERS, ExecRequest, ExecResult, ExecuteBody, Status, decode_results,
-                                  encode_json)
+from rstar.sandbox.result import (
+    JSON_HEADERS,
+    ExecRequest,
+    ExecResult,
+    ExecuteBody,
+    Status,
+    decode_results,
+    encode_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +60,15 @@ class LocalNode:
         return await self.pool.run_many(reqs)
 
     def describe(self) -> dict:
-        return {"name": self.name, "alive": self.alive, "capacity": self.capacity, "inflight": self.inflight,
-                "executors": {f: sum(h.alive for h in hs) for f, hs in self.pool.executors.items()},
-                "executor_restarts": sum(h.restarts for hs in self.pool.executors.values() for h in hs),
-                "warnings": self.pool.warnings}
+        return {
+            "name": self.name,
+            "alive": self.alive,
+            "capacity": self.capacity,
+            "inflight": self.inflight,
+            "executors": {f: sum(h.alive for h in hs) for f, hs in self.pool.executors.items()},
+            "executor_restarts": sum(h.restarts for hs in self.pool.executors.values() for h in hs),
+            "warnings": self.pool.warnings,
+        }
 
 
 class RemoteNode:
@@ -70,7 +83,9 @@ class RemoteNode:
 
     def _session(self) -> aiohttp.ClientSession:
         if self.http is None:
-            self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=5.0))
+            self.http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, connect=5.0)
+            )
         return self.http
 
     async def start(self) -> None:
@@ -82,27 +97,36 @@ class RemoteNode:
 
     async def probe(self) -> bool:
         try:
-            async with self._session().get(f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=5.0),
-                                           raise_for_status=True) as r:
+            async with self._session().get(
+                f"{self.url}/health",
+                timeout=aiohttp.ClientTimeout(total=5.0),
+                raise_for_status=True,
+            ) as r:
                 self.capacity = max(1, int((await r.json()).get("capacity", self.capacity)))
             self.alive = True
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             self.alive = False
         return self.alive
 
     async def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]:
         try:
-            async with self._session().post(f"{self.url}/v1/execute", data=encode_json(ExecuteBody(reqs)),
-                                            headers=JSON_HEADERS) as r:
+            async with self._session().post(
+                f"{self.url}/v1/execute", data=encode_json(ExecuteBody(reqs)), headers=JSON_HEADERS
+            ) as r:
                 if r.status >= 500:
                     raise NodeLost(f"{self.url}: HTTP {r.status}")
                 r.raise_for_status()
                 return decode_results(await r.read()).results
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientConnectionError) as e:
             raise NodeLost(f"{self.url}: {e!r}") from e
 
     def describe(self) -> dict:
-        return {"name": self.name, "alive": self.alive, "capacity": self.capacity, "inflight": self.inflight}
+        return {
+            "name": self.name,
+            "alive": self.alive,
+            "capacity": self.capacity,
+            "inflight": self.inflight,
+        }
 
 
 @dataclass
@@ -137,12 +161,15 @@ class Stats:
         def pct(q: float) -> float | None:
             return round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3, 3) if lat else None
 
-        return {"calls": self.total, "by_status": dict(self.by_status),
-                "calls_per_s": round(len(window) / span, 1),
-                "latency_ms": {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99)}}
+        return {
+            "calls": self.total,
+            "by_status": dict(self.by_status),
+            "calls_per_s": round(len(window) / span, 1),
+            "latency_ms": {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99)},
+        }
 
 
-def embedded_sandbox() -> "SandboxService":
+def embedded_sandbox() -> SandboxService:
     """The in-process sandbox of the embedded default: one lean and one warm executor."""
     return SandboxService(SandboxConfig(lean_executors=1, warm_executors=1))
 
@@ -150,8 +177,9 @@ def embedded_sandbox() -> "SandboxService":
 class SandboxService:
     """Central queue + send workers + nodes. `local=False` makes a head that only dispatches."""
 
-    def __init__(self, cfg: SandboxConfig | None = None, *, local: bool = True,
-                 remotes: list[str] = ()) -> None:
+    def __init__(
+        self, cfg: SandboxConfig | None = None, *, local: bool = True, remotes: list[str] = ()
+    ) -> None:
         self.cfg = cfg or SandboxConfig()
         self.nodes: list[LocalNode | RemoteNode] = [LocalNode(self.cfg)] if local else []
         self.nodes += [RemoteNode(url) for url in remotes]
@@ -163,16 +191,18 @@ class SandboxService:
         self._batches_inflight = 0
         self._tasks: list[asyncio.Task] = []
 
-    async def __aenter__(self) -> "SandboxService":
+    async def __aenter__(self) -> SandboxService:
         return await self.start()
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def start(self) -> "SandboxService":
+    async def start(self) -> SandboxService:
         await asyncio.gather(*(n.start() for n in self.nodes))
         self._update_ready()
-        self._tasks = [asyncio.create_task(self._send_worker()) for _ in range(self.cfg.send_workers)]
+        self._tasks = [
+            asyncio.create_task(self._send_worker()) for _ in range(self.cfg.send_workers)
+        ]
         self._tasks.append(asyncio.create_task(self._watch_nodes()))
         return self
 
@@ -193,15 +223,18 @@ class SandboxService:
         return node
 
     # -- calls ------------------------------------------------------------------------------
-    async def run(self, code: str, stdin: str = "", *, timeout_s: float | None = None,
-                  notebook: bool = True) -> ExecResult:
+    async def run(
+        self, code: str, stdin: str = "", *, timeout_s: float | None = None, notebook: bool = True
+    ) -> ExecResult:
         return (await self.run_many([ExecRequest(code, stdin, timeout_s, notebook)]))[0]
 
     async def run_many(self, reqs: list[ExecRequest]) -> list[ExecResult]:
         loop = asyncio.get_running_loop()
         items = []
         for req in reqs:
-            await self._admission.acquire()  # blocks while max_queue calls are outstanding: back-pressure
+            await (
+                self._admission.acquire()
+            )  # blocks while max_queue calls are outstanding: back-pressure
             item = _Item(req, loop.create_future(), time.monotonic())
             item.future.add_done_callback(lambda _: self._admission.release())
             self.queue.put_nowait(item)
@@ -214,14 +247,22 @@ class SandboxService:
 
     def health(self) -> dict:
         alive = [n for n in self.nodes if n.alive]
-        return {"status": "ok" if alive else "down", "capacity": sum(n.capacity for n in alive),
-                "queue_depth": self.queue_depth, "nodes": [n.describe() for n in self.nodes],
-                "warnings": sorted({w for n in self.nodes for w in n.describe().get("warnings", [])})}
+        return {
+            "status": "ok" if alive else "down",
+            "capacity": sum(n.capacity for n in alive),
+            "queue_depth": self.queue_depth,
+            "nodes": [n.describe() for n in self.nodes],
+            "warnings": sorted({w for n in self.nodes for w in n.describe().get("warnings", [])}),
+        }
 
     def stats_snapshot(self) -> dict:
-        return {**self.stats.snapshot(), "queue_depth": self.queue_depth,
-                "inflight": sum(n.inflight for n in self.nodes), "requeued": self.requeued,
-                "nodes_alive": sum(n.alive for n in self.nodes)}
+        return {
+            **self.stats.snapshot(),
+            "queue_depth": self.queue_depth,
+            "inflight": sum(n.inflight for n in self.nodes),
+            "requeued": self.requeued,
+            "nodes_alive": sum(n.alive for n in self.nodes),
+        }
 
     # -- dispatch ---------------------------------------------------------------------------
     async def _next_batch(self) -> list[_Item]:
@@ -238,7 +279,7 @@ class SandboxService:
                 break  # an idle service sends at once: the window only pays off under load
             try:
                 batch.append(await asyncio.wait_for(self.queue.get(), remaining))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
         return batch
 
@@ -267,9 +308,11 @@ class SandboxService:
                 node.alive = False
                 self._requeue(batch, str(e))
                 continue
-            except Exception as e:  # noqa: BLE001 - a bug must fail these calls, not the worker
+            except Exception as e:
                 log.exception("sandbox batch failed")
-                results = [ExecResult(status=Status.KILLED, reason=f"sandbox internal error: {e!r}")] * len(batch)
+                results = [
+                    ExecResult(status=Status.KILLED, reason=f"sandbox internal error: {e!r}")
+                ] * len(batch)
             finally:
                 node.inflight -= len(batch)
                 self._batches_inflight -= 1
@@ -285,8 +328,13 @@ class SandboxService:
         for item in batch:
             item.attempts += 1
             if item.attempts >= self.cfg.max_attempts:
-                item.future.set_result(ExecResult(status=Status.KILLED, attempts=item.attempts,
-                                                  reason=f"lost {item.attempts} times with its node: {why}"))
+                item.future.set_result(
+                    ExecResult(
+                        status=Status.KILLED,
+                        attempts=item.attempts,
+                        reason=f"lost {item.attempts} times with its node: {why}",
+                    )
+                )
             else:
                 self.requeued += 1
                 self.queue.put_nowait(item)

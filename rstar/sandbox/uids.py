@@ -5,14 +5,15 @@ on one host (two pipelines, a pipeline and a test run) that share a range kill e
 calls. A service leases the first free block at or above its `uid_base`: an OS lock on
 `/tmp/rstar-sandbox-uids/<first uid>.lock`, held for the service's life and released with its
 process, however it ends."""
+
 from __future__ import annotations
 
 import fcntl
 import os
 
 LOCK_DIR = "/tmp/rstar-sandbox-uids"
-BLOCK = 1000          # uids per lease unit
-MAX_BLOCKS = 200      # how far above uid_base to look
+BLOCK = 1000  # uids per lease unit
+MAX_BLOCKS = 200  # how far above uid_base to look
 
 
 class UidRange:
@@ -20,7 +21,7 @@ class UidRange:
         self.start, self._fd = start, fd
 
     @classmethod
-    def lease(cls, uid_base: int, needed: int) -> "UidRange":
+    def lease(cls, uid_base: int, needed: int) -> UidRange:
         """The first free range of `needed` uids at or above `uid_base` (in whole blocks)."""
         os.makedirs(LOCK_DIR, mode=0o755, exist_ok=True)
         size = -(-needed // BLOCK) * BLOCK
@@ -33,8 +34,10 @@ class UidRange:
                 os.close(fd)
                 continue
             return cls(start, fd)
-        raise RuntimeError(f"no free range of {needed} call uids in {MAX_BLOCKS} blocks above {uid_base} "
-                           f"(every lock in {LOCK_DIR} is held)")
+        raise RuntimeError(
+            f"no free range of {needed} call uids in {MAX_BLOCKS} blocks above {uid_base} (every "
+            f"lock in {LOCK_DIR} is held)"
+        )
 
     def release(self) -> None:
         if self._fd >= 0:

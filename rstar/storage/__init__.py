@@ -5,6 +5,7 @@ object upload that exists whole or not at all.
 S3 endpoints other than AWS (MinIO, moto on loopback) come from `RSTAR_S3_ENDPOINT_URL`
 or the standard `AWS_ENDPOINT_URL`; credentials from the usual AWS variables.
 """
+
 from __future__ import annotations
 
 import os

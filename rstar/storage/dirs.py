@@ -6,6 +6,7 @@ mirror on this machine; `push` uploads it as a new version (`v000003/`) and only
 moves the `latest.json` pointer (one small object, written whole), so a crash mid-upload
 leaves the previous version in place; `pull` fetches the version the pointer names.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,6 +14,7 @@ import json
 import os
 import shutil
 import uuid
+from pathlib import Path
 
 from rstar.storage import atomic_write_text, filesystem, is_remote
 
@@ -61,8 +63,10 @@ def push(uri: str, src: str | None = None) -> None:
         for name in files:
             rel = os.path.relpath(os.path.join(dirpath, name), src)
             fs.put_file(os.path.join(dirpath, name), f"{root}/{version}/{rel}")
-    atomic_write_text(f"{uri}/{POINTER}", json.dumps({"version": int(version[1:]), "dir": version,
-                                                      "id": uuid.uuid4().hex}))
+    atomic_write_text(
+        f"{uri}/{POINTER}",
+        json.dumps({"version": int(version[1:]), "dir": version, "id": uuid.uuid4().hex}),
+    )
     if pointer:  # the old version is unreachable now
         fs.rm(f"{root}/{pointer['dir']}", recursive=True)
 
@@ -107,7 +111,7 @@ def pull(uri: str) -> str | None:
     # The mirror is reused only if it holds exactly the published version (a random id per
     # push, so a mirror left by an older run of the same URI never passes for this one).
     marker = os.path.join(dst, ".rstar-version")
-    if os.path.exists(marker) and open(marker).read() == pointer["id"]:
+    if os.path.exists(marker) and Path(marker).read_text() == pointer["id"]:
         return dst
     shutil.rmtree(dst, ignore_errors=True)
     fs.get(f"{root}/{pointer['dir']}/", dst + "/", recursive=True)

@@ -15,6 +15,7 @@ stage and a second run exits at once with `RootBusy`, naming the holder, rather 
 `hold_root` yields the owner a killed holder left behind (or None), so the next run can mark
 what that holder left RUNNING (its Prefect flow run, its MLflow runs) as crashed.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,14 +36,21 @@ class RootBusy(NotRetryable, RuntimeError):
 
 
 def owner_info(run: str, **ids) -> dict:
-    return {"run": run, **ids, "host": socket.gethostname(), "pid": os.getpid(),
-            "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    return {
+        "run": run,
+        **ids,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
 
 
 def _busy(root: str, holder: dict) -> RootBusy:
     who = ", ".join(f"{k} {v}" for k, v in holder.items() if k != "expires")
-    return RootBusy(f"storage root {root} is in use by another run ({who}); wait for it to end, or give this "
-                    "run its own storage_root")
+    return RootBusy(
+        f"storage root {root} is in use by another run ({who}); wait for it to end, or give this "
+        "run its own storage_root"
+    )
 
 
 def check_free(root: str) -> None:
@@ -83,7 +91,7 @@ def hold_root(root: str, run: str, lease_s: float = 300.0, **ids):
     raises RootBusy at once if another run holds it. Yields the owner record of a previous
     holder that was killed while holding it, else None."""
     me = owner_info(run, **ids)
-    with (_hold_remote(root, me, lease_s) if is_remote(root) else _hold_local(root, me)) as killed:
+    with _hold_remote(root, me, lease_s) if is_remote(root) else _hold_local(root, me) as killed:
         yield killed
 
 

@@ -1,4 +1,5 @@
 """Content digests: what caches are keyed on and what MLflow records for datasets and models."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,12 +13,15 @@ def digest(uri: str, skip: tuple[str, ...] = ()) -> str:
     fs, root = filesystem(uri)
     h = hashlib.sha256()
     if fs.isdir(root):
-        files = sorted(p for p in fs.find(root)
-                       if not p.rsplit("/", 1)[-1].startswith(".") and p.rsplit("/", 1)[-1] not in skip)
+        files = sorted(
+            p
+            for p in fs.find(root)
+            if not p.rsplit("/", 1)[-1].startswith(".") and p.rsplit("/", 1)[-1] not in skip
+        )
     else:
         files = [root]
     for path in files:
-        h.update(path[len(root):].encode())
+        h.update(path[len(root) :].encode())
         with fs.open(path, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)

@@ -5,8 +5,10 @@ model registered as a version tagged with its stage and the version it started f
 Everything goes through `MlflowClient` with explicit run ids (never the "active run"), so
 the same calls work from the Prefect flow, a Prefect task thread, or a Ray worker process.
 """
+
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -16,21 +18,29 @@ from contextlib import contextmanager
 from rstar.errors import NotRetryable
 
 STAGE, PIPELINE, INPUT_MODEL, EVALUATES, DIGEST = (
-    "rstar.stage", "rstar.pipeline", "rstar.input_model", "rstar.evaluates", "rstar.model_digest")
-EVAL_LABEL = "rstar.eval_label"  # an evaluation's name: "eval" (the pipeline's own), "reeval-<time>"
+    "rstar.stage",
+    "rstar.pipeline",
+    "rstar.input_model",
+    "rstar.evaluates",
+    "rstar.model_digest",
+)
+EVAL_LABEL = (
+    "rstar.eval_label"  # an evaluation's name: "eval" (the pipeline's own), "reeval-<time>"
+)
 
 
 def absolute_uri(uri: str) -> str:
     """`sqlite:///mlruns.db` names a file relative to the current directory; make it absolute
     so Ray workers, whose working directory differs, write to the same database."""
     prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
-        return prefix + os.path.abspath(uri[len(prefix):])
+    if uri.startswith(prefix) and not uri[len(prefix) :].startswith("/"):
+        return prefix + os.path.abspath(uri[len(prefix) :])
     return uri
 
 
 class TrackingUnreachable(NotRetryable, RuntimeError):
-    """The MLflow tracking server does not answer: nothing to retry, a setting or a server to fix."""
+    """The MLflow tracking server does not answer: nothing to retry, a setting or a server to
+    fix."""
 
 
 def check_reachable(tracking_uri: str, timeout_s: float = 5.0) -> None:
@@ -48,8 +58,10 @@ def check_reachable(tracking_uri: str, timeout_s: float = 5.0) -> None:
         return  # it answered (an older server or a proxy without /health): reachable
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
-        raise TrackingUnreachable(f"MLflow tracking server {tracking_uri} does not answer ({reason}); start it "
-                                  "(infra/start-local-stack.sh) or set tracking.tracking_uri") from None
+        raise TrackingUnreachable(
+            f"MLflow tracking server {tracking_uri} does not answer ({reason}); start it "
+            "(infra/start-local-stack.sh) or set tracking.tracking_uri"
+        ) from None
 
 
 _initialised: set[str] = set()
@@ -65,7 +77,7 @@ def client(tracking_uri: str):
     # corrupt it (a double-clicked Run on a fresh store). A process's first use goes under a lock.
     import fcntl
 
-    with open(uri[len("sqlite:///"):] + ".init-lock", "a") as lock:
+    with open(uri[len("sqlite:///") :] + ".init-lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         c = MlflowClient(tracking_uri=uri, registry_uri=uri)
         c.search_experiments(max_results=1)
@@ -83,13 +95,20 @@ def flatten(tree, prefix: str = "") -> dict[str, str]:
     if not isinstance(tree, (dict, list)):
         return {prefix[:-1]: str(tree)[:6000]}
     out = {}
-    for k, v in (tree.items() if isinstance(tree, dict) else enumerate(tree)):
+    for k, v in tree.items() if isinstance(tree, dict) else enumerate(tree):
         out.update(flatten(v, f"{prefix}{k}."))
     return out
 
 
-def start_run(tracking_uri: str, experiment: str, name: str, *, parent: str | None = None,
-              params: dict | None = None, tags: dict | None = None) -> str:
+def start_run(
+    tracking_uri: str,
+    experiment: str,
+    name: str,
+    *,
+    parent: str | None = None,
+    params: dict | None = None,
+    tags: dict | None = None,
+) -> str:
     from mlflow.entities import Param
 
     c = client(tracking_uri)
@@ -101,7 +120,7 @@ def start_run(tracking_uri: str, experiment: str, name: str, *, parent: str | No
     run_id = c.create_run(exp_id, tags=all_tags, run_name=name).info.run_id
     items = [Param(_key(k), v) for k, v in flatten(params or {}).items()]
     for i in range(0, len(items), 100):
-        c.log_batch(run_id, params=items[i:i + 100])
+        c.log_batch(run_id, params=items[i : i + 100])
     return run_id
 
 
@@ -116,13 +135,24 @@ def fail_stale_runs(tracking_uri: str, experiment: str, root: str) -> list[str]:
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return []
-    stale = c.search_runs([exp.experiment_id], f"attributes.status = 'RUNNING' and tags.`{ROOT}` = '{root}'")
+    stale = c.search_runs(
+        [exp.experiment_id], f"attributes.status = 'RUNNING' and tags.`{ROOT}` = '{root}'"
+    )
     ids = [r.info.run_id for r in stale]
     for parent in list(ids):
-        ids += [r.info.run_id for r in c.search_runs([exp.experiment_id], f"attributes.status = 'RUNNING' and "
-                                                     f"tags.`mlflow.parentRunId` = '{parent}'")]
+        ids += [
+            r.info.run_id
+            for r in c.search_runs(
+                [exp.experiment_id],
+                f"attributes.status = 'RUNNING' and tags.`mlflow.parentRunId` = '{parent}'",
+            )
+        ]
     for run_id in ids:
-        c.set_tag(run_id, "rstar.reconciled", "left RUNNING by a process that died; marked FAILED by a later run")
+        c.set_tag(
+            run_id,
+            "rstar.reconciled",
+            "left RUNNING by a process that died; marked FAILED by a later run",
+        )
         c.set_terminated(run_id, "FAILED")
     return ids
 
@@ -147,8 +177,16 @@ def reopen_run(tracking_uri: str, run_id: str, *, parent: str, tags: dict) -> bo
     c.update_run(run_id, status="RUNNING")
     if "rstar.reconciled" in run.data.tags:  # failed by the next run after a kill: live again now
         c.delete_tag(run_id, "rstar.reconciled")
-    set_tags(tracking_uri, run_id, {**tags, "mlflow.parentRunId": parent, "rstar.earlier_pipelines": ",".join(earlier),
-                                    "rstar.attempts": int(run.data.tags.get("rstar.attempts", "1")) + 1})
+    set_tags(
+        tracking_uri,
+        run_id,
+        {
+            **tags,
+            "mlflow.parentRunId": parent,
+            "rstar.earlier_pipelines": ",".join(earlier),
+            "rstar.attempts": int(run.data.tags.get("rstar.attempts", "1")) + 1,
+        },
+    )
     return True
 
 
@@ -185,22 +223,32 @@ class StageLog:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(_key(prefix + k), float(v), now, step) for k, v in metrics.items()
-                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        items = [
+            Metric(_key(prefix + k), float(v), now, step)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
         for i in range(0, len(items), 500):
-            self.c.log_batch(self.run_id, metrics=items[i:i + 500])
+            self.c.log_batch(self.run_id, metrics=items[i : i + 500])
 
     def tag(self, key: str, value) -> None:
         self.c.set_tag(self.run_id, key, str(value))
 
     def dataset(self, uri: str, name: str, digest: str | None, context: str) -> None:
-        """A dataset this stage read (`context` "training") or wrote ("output"), by URI and digest."""
+        """A dataset this stage read (`context` "training") or wrote ("output"), by URI and
+        digest."""
         from mlflow.entities import Dataset, DatasetInput, InputTag
 
-        source = '{"uri": "%s"}' % uri
-        ds = Dataset(name=name, digest=digest or "-", source_type="s3" if uri.startswith("s3://") else "local",
-                     source=source)
-        self.c.log_inputs(self.run_id, [DatasetInput(ds, [InputTag("mlflow.data.context", context)])])
+        source = json.dumps({"uri": uri})
+        ds = Dataset(
+            name=name,
+            digest=digest or "-",
+            source_type="s3" if uri.startswith("s3://") else "local",
+            source=source,
+        )
+        self.c.log_inputs(
+            self.run_id, [DatasetInput(ds, [InputTag("mlflow.data.context", context)])]
+        )
 
     def artifact(self, uri: str, artifact_path: str | None = None) -> None:
         from rstar.storage import filesystem, is_remote
@@ -226,7 +274,9 @@ class StageLog:
         keys = [k for k in keys if any(k in h for h in history)]
         fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 2.8), squeeze=False)
         for ax, k in zip(axes[0], keys):
-            ax.plot([h["step"] for h in history], [h.get(k, float("nan")) for h in history], marker=".")
+            ax.plot(
+                [h["step"] for h in history], [h.get(k, float("nan")) for h in history], marker="."
+            )
             ax.set_title(k, fontsize=9)
             ax.set_xlabel("step")
         fig.tight_layout()
@@ -247,8 +297,15 @@ class NullLog:
     def curves(self, *a, **k) -> None: ...
 
 
-def register(tracking_uri: str, model_name: str, source: str, run_id: str, stage: str, digest: str,
-             input_model: str | None) -> str:
+def register(
+    tracking_uri: str,
+    model_name: str,
+    source: str,
+    run_id: str,
+    stage: str,
+    digest: str,
+    input_model: str | None,
+) -> str:
     """Register a stage's model as a new version of `model_name`; returns "name/version"."""
     from mlflow.exceptions import MlflowException
 

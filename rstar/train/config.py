@@ -1,5 +1,6 @@
 """The training stages' settings, the schema of a recipe's `sft` and `rl` sections
 (rstar.pipeline.config). Apart from the trainers so that reading a recipe imports no torch."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,17 +10,21 @@ from rstar.algo.roc import RoCConfig
 
 @dataclass
 class SFTConfig:
-    __pydantic_config__ = {"extra": "forbid"}  # a recipe (rstar.pipeline.config) may not add unknown keys
+    __pydantic_config__ = {
+        "extra": "forbid"
+    }  # a recipe (rstar.pipeline.config) may not add unknown keys
     epochs: int = 3
     lr: float = 5e-6
     warmup_ratio: float = 0.04
-    batch_size: int = 16           # examples per optimizer step (after accumulation)
+    batch_size: int = 16  # examples per optimizer step (after accumulation)
     micro_batch_size: int = 8
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     max_length: int = 1024
     seed: int = 0
-    prompt_style: str = "paper"    # the system prompt and tools block RL will use (rstar.agent.format.STYLES)
+    prompt_style: str = (
+        "paper"  # the system prompt and tools block RL will use (rstar.agent.format.STYLES)
+    )
     # Rows of the tiny base's pretraining text added to every step (language-modelling loss,
     # same weight): without them a few hundred steps on chats overwrite what the base learnt
     # from it, copying numbers first. 0 for a real base model.
@@ -28,7 +33,9 @@ class SFTConfig:
 
 @dataclass
 class StageConfig:
-    __pydantic_config__ = {"extra": "forbid"}  # a recipe (rstar.pipeline.config) may not add unknown keys
+    __pydantic_config__ = {
+        "extra": "forbid"
+    }  # a recipe (rstar.pipeline.config) may not add unknown keys
     name: str = "rl1"
     steps: int = 10
     prompts_per_step: int = 8
@@ -46,9 +53,12 @@ class StageConfig:
     mini_batches: int = 1
     clip_low: float = 0.2
     clip_high: float = 0.28
-    init_from: str | None = None      # the previous stage's checkpoint directory, if any
-    reset_optimizer: bool = False     # start with fresh AdamW moments instead of init_from's (the paper resets before stage 3)
-    checkpoint_every: int = 1         # steps between checkpoints (a crash redoes at most this many steps)
-    checkpoints_kept: int = 1         # verl keeps this many (with optimizer state); the local trainer keeps the last
+    init_from: str | None = None  # the previous stage's checkpoint directory, if any
+    # start with fresh AdamW moments instead of init_from's (the paper resets before stage 3)
+    reset_optimizer: bool = False
+    checkpoint_every: int = 1  # steps between checkpoints (a crash redoes at most this many steps)
+    checkpoints_kept: int = (
+        1  # verl keeps this many (with optimizer state); the local trainer keeps the last
+    )
     seed: int = 0
-    prompt_style: str = "paper"       # rstar.agent.format.STYLES; a recipe sets it once for all stages
+    prompt_style: str = "paper"  # rstar.agent.format.STYLES; a recipe sets it once for all stages

@@ -3,6 +3,7 @@ advantage -> update. Constant learning rate after a linear warm-up, AdamW, no KL
 entropy bonus. Checkpoints in Hugging Face format plus optimizer and RNG state; a stage
 that is interrupted resumes from its last checkpoint. Anything past one process is verl's
 job (see `rstar.train.verl_launcher`)."""
+
 from __future__ import annotations
 
 import os
@@ -22,11 +23,12 @@ from rstar.rollout.runner import sample, score, summarize, tool_error_rate
 from rstar.storage import dirs
 from rstar.train.config import StageConfig
 
-
 STATE = "trainer_state.pt"
 
 
-def _log_probs(model, seqs: list[list[int]], starts: list[int], width: int, temperature: float) -> torch.Tensor:
+def _log_probs(
+    model, seqs: list[list[int]], starts: list[int], width: int, temperature: float
+) -> torch.Tensor:
     """Per-token log-probs of each sequence's response part (positions >= start), left-aligned
     to `width`, in one padded forward pass, under the sampling temperature (as verl's actor
     does): the policy being improved is the one the rollouts were drawn from."""
@@ -34,26 +36,34 @@ def _log_probs(model, seqs: list[list[int]], starts: list[int], width: int, temp
     ids = torch.zeros(len(seqs), longest, dtype=torch.long)
     attn = torch.zeros_like(ids)
     for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s)
-        attn[i, :len(s)] = 1
+        ids[i, : len(s)] = torch.tensor(s)
+        attn[i, : len(s)] = 1
     logits = model(input_ids=ids, attention_mask=attn).logits.float() / temperature
     logp_all = torch.log_softmax(logits[:, :-1], -1)
     token_lp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
     out = torch.zeros(len(seqs), width)
     for i, (s, start) in enumerate(zip(seqs, starts)):
         n = len(s) - start
-        out[i, :n] = token_lp[i, start - 1:start - 1 + n]
+        out[i, :n] = token_lp[i, start - 1 : start - 1 + n]
     return out
 
 
 def optimizer_and_schedule(model, cfg: StageConfig):
-    """AdamW, and a learning rate that warms up linearly from 1/warmup_steps, then stays constant."""
+    """AdamW, and a learning rate that warms up linearly from 1/warmup_steps, then stays
+    constant."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    return opt, torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps))
+    )
 
 
-async def train_from(model_dir: str, problems: list[dict], cfg: StageConfig, out_dir: str,
-                     on_step: Callable[[int, dict], None] | None = None) -> list[dict]:
+async def train_from(
+    model_dir: str,
+    problems: list[dict],
+    cfg: StageConfig,
+    out_dir: str,
+    on_step: Callable[[int, dict], None] | None = None,
+) -> list[dict]:
     """Train the stage `cfg` from the Hugging Face checkpoint `model_dir` with the embedded
     sandbox; its last checkpoint lands in `out_dir/checkpoint`. Returns the per-step history."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -62,14 +72,31 @@ async def train_from(model_dir: str, problems: list[dict], cfg: StageConfig, out
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     async with embedded_sandbox() as sb:
-        trainer = RLTrainer(model, AutoTokenizer.from_pretrained(model_dir), problems, sb, cfg, out_dir, on_step=on_step)
+        trainer = RLTrainer(
+            model,
+            AutoTokenizer.from_pretrained(model_dir),
+            problems,
+            sb,
+            cfg,
+            out_dir,
+            on_step=on_step,
+        )
         return await trainer.run()
 
 
 class RLTrainer:
-    def __init__(self, model, tokenizer, problems: list[dict], sandbox, cfg: StageConfig, out_dir: str,
-                 on_step: Callable[[int, dict], None] | None = None, trajectories: str | None = None,
-                 on_checkpoint: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        problems: list[dict],
+        sandbox,
+        cfg: StageConfig,
+        out_dir: str,
+        on_step: Callable[[int, dict], None] | None = None,
+        trajectories: str | None = None,
+        on_checkpoint: Callable[[int], None] | None = None,
+    ) -> None:
         """`trajectories`: a directory or s3:// prefix that gets every step's rollouts as
         `step=NNNNN.parquet` (written before the step's checkpoint, so a step redone after a
         crash replaces its file: rows are never lost or duplicated). `on_step(step, metrics)`
@@ -77,7 +104,12 @@ class RLTrainer:
         metrics (a step redone after a crash reports the same figures again);
         `on_checkpoint(step)` after it (e.g. to upload it)."""
         self.model, self.tok, self.problems, self.sandbox = model, tokenizer, problems, sandbox
-        self.cfg, self.out_dir, self.on_step, self.trajectories = cfg, out_dir, on_step, trajectories
+        self.cfg, self.out_dir, self.on_step, self.trajectories = (
+            cfg,
+            out_dir,
+            on_step,
+            trajectories,
+        )
         self.on_checkpoint = on_checkpoint
         self.opt, self.sched = optimizer_and_schedule(model, cfg)
         self.step = 0
@@ -91,12 +123,21 @@ class RLTrainer:
     def save(self) -> None:
         """Replace the stage's checkpoint (HF model + tokenizer + trainer state) whole, so a
         kill at any point leaves one to resume from (`rstar.storage.dirs.replace_dir`)."""
+
         def fill(tmp: str) -> None:
             self.model.save_pretrained(tmp)
             self.tok.save_pretrained(tmp)
-            torch.save({"step": self.step, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                        "torch_rng": torch.get_rng_state(), "history": self.history, "stage": self.cfg.name},
-                       os.path.join(tmp, STATE))
+            torch.save(
+                {
+                    "step": self.step,
+                    "optimizer": self.opt.state_dict(),
+                    "scheduler": self.sched.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                    "history": self.history,
+                    "stage": self.cfg.name,
+                },
+                os.path.join(tmp, STATE),
+            )
 
         dirs.replace_dir(self.checkpoint_dir(), fill)
 
@@ -111,16 +152,23 @@ class RLTrainer:
         source = self.checkpoint_dir() if os.path.exists(own) else self.cfg.init_from
         if source is None:
             return "fresh"
-        state = torch.load(os.path.join(source, STATE), weights_only=False) \
-            if os.path.exists(os.path.join(source, STATE)) else None
-        self.model.load_state_dict(AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).state_dict())
+        state = (
+            torch.load(os.path.join(source, STATE), weights_only=False)
+            if os.path.exists(os.path.join(source, STATE))
+            else None
+        )
+        self.model.load_state_dict(
+            AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).state_dict()
+        )
         if source == self.checkpoint_dir():
             self.opt.load_state_dict(state["optimizer"])
             self.sched.load_state_dict(state["scheduler"])
             torch.set_rng_state(state["torch_rng"])
             self.step, self.history = state["step"], state["history"]
             return "resumed"
-        if state is not None and not self.cfg.reset_optimizer:  # carry the moments over; the new stage's lr schedule starts afresh
+        if (
+            state is not None and not self.cfg.reset_optimizer
+        ):  # carry the moments over; the new stage's lr schedule starts afresh
             moments = state["optimizer"]
             for group in moments["param_groups"]:
                 group.update(lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
@@ -136,15 +184,25 @@ class RLTrainer:
         """Train until `steps`, resuming from the stage's checkpoint when there is one."""
         self.started_as = self.try_resume()
         engine = HFEngine(self.model, seed=self.cfg.seed)
-        loop = AgentLoop(engine, self.tok, self.sandbox,
-                         LoopConfig(max_turns=self.cfg.max_turns, max_response_tokens=self.cfg.max_response_tokens,
-                                    temperature=self.cfg.temperature, prompt_style=self.cfg.prompt_style))
+        loop = AgentLoop(
+            engine,
+            self.tok,
+            self.sandbox,
+            LoopConfig(
+                max_turns=self.cfg.max_turns,
+                max_response_tokens=self.cfg.max_response_tokens,
+                temperature=self.cfg.temperature,
+                prompt_style=self.cfg.prompt_style,
+            ),
+        )
         with BatchScorer(workers=1) as scorer:
             while self.step < self.cfg.steps:
                 self.step += 1
                 metrics, records = await self.train_step(loop, scorer)
                 if self.trajectories:
-                    write_table(records, f"{self.trajectories}/step={self.step:05d}.parquet", "trajectories")
+                    write_table(
+                        records, f"{self.trajectories}/step={self.step:05d}.parquet", "trajectories"
+                    )
                 self.history.append(metrics)
                 if self.on_step:
                     self.on_step(self.step, metrics)
@@ -160,20 +218,30 @@ class RLTrainer:
         t0 = time.monotonic()
         k = cfg.roc.group_size * cfg.roc.oversample
         self.model.eval()
-        sampled = await sample(loop, self.prompts_for(self.step), k, stage=cfg.name, policy_step=self.step)
+        sampled = await sample(
+            loop, self.prompts_for(self.step), k, stage=cfg.name, policy_step=self.step
+        )
         t_rollout = time.monotonic() - t0
         records = await score(loop, sampled, scorer, stage=cfg.name, policy_step=self.step)
         t_reward = time.monotonic() - t0 - t_rollout
         rng = random.Random(f"{cfg.seed}/{cfg.name}/{self.step}/roc")
         kept = [records[i] for i in keep_indices([rollout_of(r) for r in records], cfg.roc, rng)]
         t1 = time.monotonic()
-        update = self.update(kept) if kept else {"clip_fraction": 0.0, "loss": 0.0, "grad_norm": 0.0}
+        update = (
+            self.update(kept) if kept else {"clip_fraction": 0.0, "loss": 0.0, "grad_norm": 0.0}
+        )
         t_update = time.monotonic() - t1
-        return {"step": self.step, **summarize_step(records, kept), **update,
-                "lr": self.sched.get_last_lr()[0], "time_rollout_s": t_rollout, "time_reward_s": t_reward,
-                "time_update_s": t_update,
-                "time_tool_s": sum(r["tool_s"] for r in records),
-                "tokens_per_s": sum(sum(r["response_mask"]) for r in records) / max(t_rollout, 1e-9)}, records
+        return {
+            "step": self.step,
+            **summarize_step(records, kept),
+            **update,
+            "lr": self.sched.get_last_lr()[0],
+            "time_rollout_s": t_rollout,
+            "time_reward_s": t_reward,
+            "time_update_s": t_update,
+            "time_tool_s": sum(r["tool_s"] for r in records),
+            "tokens_per_s": sum(sum(r["response_mask"]) for r in records) / max(t_rollout, 1e-9),
+        }, records
 
     def update(self, kept: list[dict]) -> dict:
         cfg = self.cfg
@@ -182,14 +250,29 @@ class RLTrainer:
         width = max(len(r["response_ids"]) for r in kept)
         mask = torch.zeros(len(kept), width)
         for i, r in enumerate(kept):
-            mask[i, :len(r["response_mask"])] = torch.tensor(r["response_mask"], dtype=torch.float32)
-        adv = grpo_advantages(torch.tensor([r["reward"] for r in kept]), mask, [r["group_id"] for r in kept])
+            mask[i, : len(r["response_mask"])] = torch.tensor(
+                r["response_mask"], dtype=torch.float32
+            )
+        adv = grpo_advantages(
+            torch.tensor([r["reward"] for r in kept]), mask, [r["group_id"] for r in kept]
+        )
         old = None  # one optimizer step per batch: the policy that sampled is the one the loss sees
-        if cfg.mini_batches > 1:  # later mini-batches see an updated policy: keep the sampling one's
+        if (
+            cfg.mini_batches > 1
+        ):  # later mini-batches see an updated policy: keep the sampling one's
             with torch.no_grad():
-                old = torch.cat([_log_probs(self.model, seqs[i:i + cfg.micro_batch_size],
-                                            starts[i:i + cfg.micro_batch_size], width, cfg.temperature)
-                                 for i in range(0, len(kept), cfg.micro_batch_size)])
+                old = torch.cat(
+                    [
+                        _log_probs(
+                            self.model,
+                            seqs[i : i + cfg.micro_batch_size],
+                            starts[i : i + cfg.micro_batch_size],
+                            width,
+                            cfg.temperature,
+                        )
+                        for i in range(0, len(kept), cfg.micro_batch_size)
+                    ]
+                )
         self.model.train()
         all_tokens = max(int(mask.sum().item()), 1)
         losses, clip, grad_norms = [], 0.0, []
@@ -197,26 +280,51 @@ class RLTrainer:
             n_tokens = int(mask[rows].sum().item())
             losses.append(0.0)
             for i in range(0, len(rows), cfg.micro_batch_size):
-                idx = rows[i:i + cfg.micro_batch_size]
-                new = _log_probs(self.model, [seqs[j] for j in idx], [starts[j] for j in idx], width, cfg.temperature)
-                loss, m = policy_loss(new.detach() if old is None else old[idx], new, adv[idx], mask[idx],
-                                      clip_low=cfg.clip_low, clip_high=cfg.clip_high, batch_num_tokens=n_tokens)
+                idx = rows[i : i + cfg.micro_batch_size]
+                new = _log_probs(
+                    self.model,
+                    [seqs[j] for j in idx],
+                    [starts[j] for j in idx],
+                    width,
+                    cfg.temperature,
+                )
+                loss, m = policy_loss(
+                    new.detach() if old is None else old[idx],
+                    new,
+                    adv[idx],
+                    mask[idx],
+                    clip_low=cfg.clip_low,
+                    clip_high=cfg.clip_high,
+                    batch_num_tokens=n_tokens,
+                )
                 loss.backward()
                 losses[-1] += loss.item()
                 clip += m["clip_fraction"] * mask[idx].sum().item() / all_tokens
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)))
+            grad_norms.append(
+                float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
+            )
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
         self.sched.step()  # the schedule counts RL steps, as verl's does
         self.model.eval()
-        return {"loss": sum(losses) / len(losses), "clip_fraction": clip, "grad_norm": sum(grad_norms) / len(grad_norms),
-                "optimizer_steps": len(grad_norms)}
+        return {
+            "loss": sum(losses) / len(losses),
+            "clip_fraction": clip,
+            "grad_norm": sum(grad_norms) / len(grad_norms),
+            "optimizer_steps": len(grad_norms),
+        }
 
 
 def rollout_of(record: dict) -> Rollout:
     """A trajectory record (rstar.rollout.runner) as RoC reads it."""
-    return Rollout(record["group_id"], record["reward"], record["num_tool_calls"], record["num_tool_errors"],
-                   record["num_answers"], record["turns"])
+    return Rollout(
+        record["group_id"],
+        record["reward"],
+        record["num_tool_calls"],
+        record["num_tool_errors"],
+        record["num_answers"],
+        record["turns"],
+    )
 
 
 def _mini_batches(group_ids: list[str], n: int) -> list[list[int]]:
@@ -224,7 +332,7 @@ def _mini_batches(group_ids: list[str], n: int) -> list[list[int]]:
     are relative to each other, so its rows update together), in order."""
     groups = list(dict.fromkeys(group_ids))
     per = -(-len(groups) // n)
-    chunks = [set(groups[i:i + per]) for i in range(0, len(groups), per)]
+    chunks = [set(groups[i : i + per]) for i in range(0, len(groups), per)]
     return [[j for j, g in enumerate(group_ids) if g in chunk] for chunk in chunks]
 
 

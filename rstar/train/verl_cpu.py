@@ -8,6 +8,7 @@ CPU run starts Ray declaring as many GPUs as training processes (`ray.init(num_g
 they are slots, torch never sees a GPU. For CI and for trying the cluster path on a laptop;
 never for training anything real.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -29,13 +30,27 @@ def _noop(*args, **kwargs):
 
 # What verl calls on `get_torch_device()`: torch.cpu has some of it, the rest are no-ops on CPU.
 DEVICE_MODULE = SimpleNamespace(
-    is_available=lambda: True, current_device=lambda: "cpu", device_count=lambda: 1, set_device=_noop,
-    synchronize=_noop, empty_cache=_noop, manual_seed=torch.manual_seed, manual_seed_all=torch.manual_seed,
-    get_rng_state=torch.get_rng_state, set_rng_state=torch.set_rng_state,
-    memory_allocated=lambda *a, **k: 0, memory_reserved=lambda *a, **k: 0,
-    max_memory_allocated=lambda *a, **k: 0, max_memory_reserved=lambda *a, **k: 0,
-    reset_peak_memory_stats=_noop, mem_get_info=lambda *a, **k: (0, 0), Stream=None, stream=None,
-    is_initialized=lambda: True, get_device_name=lambda *a: "cpu", ipc_collect=_noop,
+    is_available=lambda: True,
+    current_device=lambda: "cpu",
+    device_count=lambda: 1,
+    set_device=_noop,
+    synchronize=_noop,
+    empty_cache=_noop,
+    manual_seed=torch.manual_seed,
+    manual_seed_all=torch.manual_seed,
+    get_rng_state=torch.get_rng_state,
+    set_rng_state=torch.set_rng_state,
+    memory_allocated=lambda *a, **k: 0,
+    memory_reserved=lambda *a, **k: 0,
+    max_memory_allocated=lambda *a, **k: 0,
+    max_memory_reserved=lambda *a, **k: 0,
+    reset_peak_memory_stats=_noop,
+    mem_get_info=lambda *a, **k: (0, 0),
+    Stream=None,
+    stream=None,
+    is_initialized=lambda: True,
+    get_device_name=lambda *a: "cpu",
+    ipc_collect=_noop,
 )
 
 
@@ -121,15 +136,20 @@ class PlatformCPU(PlatformBase):
 def _gloo_process_group(initialize):
     """verl joins its training processes with the backend string "cpu:gloo,<device>:<backend>",
     which torch refuses when the device is the CPU too ("Duplicate device type cpu",
-    `verl/utils/distributed.py`, `initialize_global_process_group_ray`): on this platform, gloo alone."""
+    `verl/utils/distributed.py`, `initialize_global_process_group_ray`): on this platform, gloo
+    alone."""
+
     def init(timeout_second=None, backend=None):
         return initialize(timeout_second=timeout_second, backend=backend or "gloo")
+
     return init
 
 
 # Patched on import, before verl's workers import the function by name (this module is loaded
 # by `import verl` itself, through VERL_USE_EXTERNAL_MODULES, in every verl process).
-_distributed.initialize_global_process_group_ray = _gloo_process_group(_distributed.initialize_global_process_group_ray)
+_distributed.initialize_global_process_group_ray = _gloo_process_group(
+    _distributed.initialize_global_process_group_ray
+)
 
 
 def _register_fsdp_engine() -> None:
@@ -138,7 +158,9 @@ def _register_fsdp_engine() -> None:
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.engine.fsdp import FSDPEngineWithLMHead
 
-    EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithLMHead)
+    EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(
+        FSDPEngineWithLMHead
+    )
 
 
 # -- the local HF engine as verl's rollout ------------------------------------------------------
@@ -160,11 +182,19 @@ class HFServer:
         self.engine = HFEngine.from_pretrained(model_path, seed=seed, max_batch=max_batch)
         self.global_steps = None
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict, **kwargs):
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: dict, **kwargs
+    ):
         from rstar.agent.verl_adapter import engine_token_output
 
-        return await engine_token_output(self.engine, request_id, prompt_ids, sampling_params,
-                                         sampling_params.get("max_tokens", 256), global_steps=self.global_steps)
+        return await engine_token_output(
+            self.engine,
+            request_id,
+            prompt_ids,
+            sampling_params,
+            sampling_params.get("max_tokens", 256),
+            global_steps=self.global_steps,
+        )
 
     def load_weights(self, state: dict) -> None:
         self.engine.load_state_dict(state)
@@ -189,8 +219,9 @@ class HFServer:
 class HFReplica(RolloutReplica):
     async def launch_servers(self) -> None:
         name = f"{SERVER_PREFIX}{self.replica_rank}"
-        server = HFServer.options(name=name, num_cpus=0, max_concurrency=self.max_concurrency).remote(
-            self.model_config.path, getattr(self.config, "seed", 0), self.config.max_num_seqs)
+        server = HFServer.options(
+            name=name, num_cpus=0, max_concurrency=self.max_concurrency
+        ).remote(self.model_config.path, getattr(self.config, "seed", 0), self.config.max_num_seqs)
         self.servers = [server]
         self._server_handle, self._server_address = server, name
 
@@ -210,7 +241,9 @@ class HFRolloutAdapter(BaseRollout):
 
     async def release(self) -> None: ...
 
-    async def update_weights(self, weights, wire_format: str = "named_tensors", global_steps=None, **kwargs) -> None:
+    async def update_weights(
+        self, weights, wire_format: str = "named_tensors", global_steps=None, **kwargs
+    ) -> None:
         state = {}
         for name, tensor in weights:  # every rank iterates: the gather behind it is collective
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor

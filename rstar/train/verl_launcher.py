@@ -11,6 +11,7 @@ What it plugs into verl:
 `build_verl_run` writes the dataset and agent-loop files and returns the `python -m
 rstar.train.verl_trainer ...` command with its Hydra overrides.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,17 +28,35 @@ FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 
 def to_verl_rows(problems: list[dict], prompt_style: str = "paper") -> list[dict]:
     """Problems in the layout verl's RLHFDataset reads."""
-    return [{"data_source": p["source"], "agent_name": "rstar_agent",
-             "prompt": problem_messages(p["problem"], prompt_style),
-             "reward_model": {"style": "rule", "ground_truth": p["answer"]},
-             "extra_info": {"index": i, "problem": p["problem"], "problem_id": p["id"]}}
-            for i, p in enumerate(problems)]
+    return [
+        {
+            "data_source": p["source"],
+            "agent_name": "rstar_agent",
+            "prompt": problem_messages(p["problem"], prompt_style),
+            "reward_model": {"style": "rule", "ground_truth": p["answer"]},
+            "extra_info": {"index": i, "problem": p["problem"], "problem_id": p["id"]},
+        }
+        for i, p in enumerate(problems)
+    ]
 
 
-def verl_overrides(cfg: StageConfig, *, model: str, train_files: str, agent_loop_config: str, sandbox_url: str,
-                   out_dir: str, n_gpus: int, nodes: int = 1, max_prompt_length: int = 2048,
-                   val_files: str | None = None, experiment: str = "rstar", router_config: str | None = None,
-                   optimizer_from: str | None = None, device: str = "gpu") -> list[str]:
+def verl_overrides(
+    cfg: StageConfig,
+    *,
+    model: str,
+    train_files: str,
+    agent_loop_config: str,
+    sandbox_url: str,
+    out_dir: str,
+    n_gpus: int,
+    nodes: int = 1,
+    max_prompt_length: int = 2048,
+    val_files: str | None = None,
+    experiment: str = "rstar",
+    router_config: str | None = None,
+    optimizer_from: str | None = None,
+    device: str = "gpu",
+) -> list[str]:
     """Hydra overrides for verl's main_ppo that reproduce `cfg` (paper defaults otherwise).
 
     Micro-batches are sized by tokens (dynamic batch size: a GPU's batch holds up to two full
@@ -49,45 +68,78 @@ def verl_overrides(cfg: StageConfig, *, model: str, train_files: str, agent_loop
     whose optimizer state this stage takes over (`reset_optimizer: false`). `device="cpu"`: verl
     on this machine's CPU (`cpu_overrides`)."""
     if cfg.roc.mode == "released":
-        raise ValueError(f"{cfg.name}: roc.mode 'released' drops whole groups, which verl's equal data-parallel "
-                         "split cannot take; use 'roc' or 'grpo' with engine verl")
-    reward_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "agent", "verl_adapter.py")
+        raise ValueError(
+            f"{cfg.name}: roc.mode 'released' drops whole groups, which verl's equal data-parallel "
+            "split cannot take; use 'roc' or 'grpo' with engine verl"
+        )
+    reward_file = os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "agent", "verl_adapter.py"
+    )
     tokens_per_gpu = 2 * (max_prompt_length + cfg.max_response_tokens)
     return [
-        "trainer.use_v1=false", "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
-        f"data.train_files={train_files}", f"data.val_files={val_files or train_files}",
-        f"data.train_batch_size={cfg.prompts_per_step}", f"data.max_prompt_length={max_prompt_length}",
-        f"data.max_response_length={cfg.max_response_tokens}", "data.return_raw_chat=true",
+        "trainer.use_v1=false",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=false",
+        f"data.train_files={train_files}",
+        f"data.val_files={val_files or train_files}",
+        f"data.train_batch_size={cfg.prompts_per_step}",
+        f"data.max_prompt_length={max_prompt_length}",
+        f"data.max_response_length={cfg.max_response_tokens}",
+        "data.return_raw_chat=true",
         f"actor_rollout_ref.model.path={model}",
-        f"actor_rollout_ref.actor.optim.lr={cfg.lr}", f"actor_rollout_ref.actor.optim.lr_warmup_steps={cfg.warmup_steps}",
+        f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
+        f"actor_rollout_ref.actor.optim.lr_warmup_steps={cfg.warmup_steps}",
         f"actor_rollout_ref.actor.optim.weight_decay={cfg.weight_decay}",
         f"actor_rollout_ref.actor.grad_clip={cfg.max_grad_norm}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts_per_step // cfg.mini_batches}",
-        f"actor_rollout_ref.actor.clip_ratio_low={cfg.clip_low}", f"actor_rollout_ref.actor.clip_ratio_high={cfg.clip_high}",
-        "actor_rollout_ref.actor.loss_agg_mode=token-mean", "actor_rollout_ref.actor.use_kl_loss=false",
+        f"actor_rollout_ref.actor.clip_ratio_low={cfg.clip_low}",
+        f"actor_rollout_ref.actor.clip_ratio_high={cfg.clip_high}",
+        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        "actor_rollout_ref.actor.use_kl_loss=false",
         "actor_rollout_ref.actor.entropy_coeff=0",
-        "actor_rollout_ref.actor.use_dynamic_bsz=true", f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={tokens_per_gpu}",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={tokens_per_gpu}",
         "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
         f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={tokens_per_gpu}",
-        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.mode=async",
         f"actor_rollout_ref.rollout.n={cfg.roc.group_size * cfg.roc.oversample}",
-        f"actor_rollout_ref.rollout.temperature={cfg.temperature}", "actor_rollout_ref.rollout.calculate_log_probs=true",
+        f"actor_rollout_ref.rollout.temperature={cfg.temperature}",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
         f"actor_rollout_ref.rollout.response_length={cfg.max_response_tokens}",
         f"actor_rollout_ref.rollout.prompt_length={max_prompt_length}",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=rstar_agent",
         f"reward.custom_reward_function.path={os.path.abspath(reward_file)}",
         "reward.custom_reward_function.name=compute_score",
-        f"+rstar.sandbox_url={sandbox_url}", f"+rstar.max_turns={cfg.max_turns}",
-        f"+rstar.roc_mode={cfg.roc.mode}", f"+rstar.group_size={cfg.roc.group_size}", f"+rstar.seed={cfg.seed}",
+        f"+rstar.sandbox_url={sandbox_url}",
+        f"+rstar.max_turns={cfg.max_turns}",
+        f"+rstar.roc_mode={cfg.roc.mode}",
+        f"+rstar.group_size={cfg.roc.group_size}",
+        f"+rstar.seed={cfg.seed}",
         f"+rstar.prompt_style={cfg.prompt_style}",
-        f"trainer.total_training_steps={cfg.steps}", f"trainer.default_local_dir={out_dir}",
-        f"trainer.n_gpus_per_node={n_gpus}", f"trainer.nnodes={nodes}", f"trainer.save_freq={cfg.checkpoint_every}",
-        f"trainer.max_actor_ckpt_to_keep={cfg.checkpoints_kept}", "trainer.resume_mode=auto",
-        "trainer.val_before_train=false", f"trainer.test_freq={cfg.steps if val_files else -1}",
-        f"trainer.project_name={experiment}", f"trainer.experiment_name={cfg.name}", "trainer.logger=[console,mlflow]",
-        *([f"actor_rollout_ref.rollout.router_config_path={router_config}"] if router_config else []),
-        *([f"+rstar.optimizer_from={optimizer_from}"] if optimizer_from and not cfg.reset_optimizer else []),
+        f"trainer.total_training_steps={cfg.steps}",
+        f"trainer.default_local_dir={out_dir}",
+        f"trainer.n_gpus_per_node={n_gpus}",
+        f"trainer.nnodes={nodes}",
+        f"trainer.save_freq={cfg.checkpoint_every}",
+        f"trainer.max_actor_ckpt_to_keep={cfg.checkpoints_kept}",
+        "trainer.resume_mode=auto",
+        "trainer.val_before_train=false",
+        f"trainer.test_freq={cfg.steps if val_files else -1}",
+        f"trainer.project_name={experiment}",
+        f"trainer.experiment_name={cfg.name}",
+        "trainer.logger=[console,mlflow]",
+        *(
+            [f"actor_rollout_ref.rollout.router_config_path={router_config}"]
+            if router_config
+            else []
+        ),
+        *(
+            [f"+rstar.optimizer_from={optimizer_from}"]
+            if optimizer_from and not cfg.reset_optimizer
+            else []
+        ),
         *(cpu_overrides(n_gpus * nodes) if device == "cpu" else []),
     ]
 
@@ -98,16 +150,25 @@ def cpu_overrides(processes: int) -> list[str]:
     `processes` training processes (Ray slots, see verl_cpu)."""
     actor = "actor_rollout_ref.actor"
     return [
-        "trainer.device=cpu", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        f"{actor}.strategy=fsdp2", "actor_rollout_ref.ref.strategy=fsdp2", f"{actor}.fsdp_config.dtype=float32",
+        "trainer.device=cpu",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"{actor}.strategy=fsdp2",
+        "actor_rollout_ref.ref.strategy=fsdp2",
+        f"{actor}.fsdp_config.dtype=float32",
         f"+{actor}.fsdp_config.mixed_precision={FP32}",
-        f"{actor}.use_torch_compile=false", f"{actor}.fsdp_config.use_torch_compile=false",
-        "actor_rollout_ref.model.use_remove_padding=false", "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.rollout.agent.num_workers=1", "data.dataloader_num_workers=0",
+        f"{actor}.use_torch_compile=false",
+        f"{actor}.fsdp_config.use_torch_compile=false",
+        "actor_rollout_ref.model.use_remove_padding=false",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "data.dataloader_num_workers=0",
         # Ray's CPU count is logical here: verl's task runner, each training process's bundle
         # (3 CPUs by verl's default colocation count) and the replica servers must all fit
-        f"+ray_kwargs.ray_init.num_gpus={processes}", f"ray_kwargs.ray_init.num_cpus={4 * processes + 4}",
-        "+ray_kwargs.ray_init.object_store_memory=500000000", "+ray_kwargs.ray_init.include_dashboard=false",
+        f"+ray_kwargs.ray_init.num_gpus={processes}",
+        f"ray_kwargs.ray_init.num_cpus={4 * processes + 4}",
+        "+ray_kwargs.ray_init.object_store_memory=500000000",
+        "+ray_kwargs.ray_init.include_dashboard=false",
     ]
 
 
@@ -116,18 +177,35 @@ def verl_env(device: str = "gpu", threads: int | None = None) -> dict[str, str]:
     for each optional training engine not installed (torchtitan, veomni, megatron...); on the
     CPU, the platform plug-in loaded in every verl process, and `threads` torch threads (default:
     every core) in its training processes, which Ray would otherwise start with one."""
-    quiet = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), "ignore::UserWarning:verl.workers.engine"]))
+    quiet = ",".join(
+        filter(None, [os.environ.get("PYTHONWARNINGS"), "ignore::UserWarning:verl.workers.engine"])
+    )
     if device != "cpu":
         return {"PYTHONWARNINGS": quiet}
-    return {"PYTHONWARNINGS": quiet, "VERL_USE_EXTERNAL_MODULES": "rstar.train.verl_cpu", "VERL_PLATFORM": "cpu",
-            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "OMP_NUM_THREADS": str(threads or os.cpu_count() or 1)}
+    return {
+        "PYTHONWARNINGS": quiet,
+        "VERL_USE_EXTERNAL_MODULES": "rstar.train.verl_cpu",
+        "VERL_PLATFORM": "cpu",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "OMP_NUM_THREADS": str(threads or os.cpu_count() or 1),
+    }
 
 
 def merge_command(checkpoint: str, target: str) -> list[str]:
     """verl's model merger: an FSDP checkpoint folder (every rank's shard) into a Hugging Face
     directory at `target`."""
-    return [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", checkpoint,
-            "--target_dir", target]
+    return [
+        sys.executable,
+        "-m",
+        "verl.model_merger",
+        "merge",
+        "--backend",
+        "fsdp",
+        "--local_dir",
+        checkpoint,
+        "--target_dir",
+        target,
+    ]
 
 
 def verl_command(cfg: StageConfig, **kwargs) -> list[str]:
@@ -136,10 +214,21 @@ def verl_command(cfg: StageConfig, **kwargs) -> list[str]:
     return [sys.executable, "-m", "rstar.train.verl_trainer", *verl_overrides(cfg, **kwargs)]
 
 
-def build_verl_run(cfg: StageConfig, *, model: str, problems: str, sandbox_url: str, out_dir: str,
-                   n_gpus: int, nodes: int = 1, val_problems: str | None = None, experiment: str = "rstar",
-                   kv_cache_tokens: int | None = None, optimizer_from: str | None = None,
-                   device: str = "gpu") -> list[str]:
+def build_verl_run(
+    cfg: StageConfig,
+    *,
+    model: str,
+    problems: str,
+    sandbox_url: str,
+    out_dir: str,
+    n_gpus: int,
+    nodes: int = 1,
+    val_problems: str | None = None,
+    experiment: str = "rstar",
+    kv_cache_tokens: int | None = None,
+    optimizer_from: str | None = None,
+    device: str = "gpu",
+) -> list[str]:
     """Write verl's dataset files (training, and validation from `val_problems`), agent-loop file
     and load-balancer file (`kv_cache_tokens` per replica, if known) under `out_dir`; return the
     command to run. With the model on local disk, prompts are padded to the longest the agent
@@ -160,18 +249,34 @@ def build_verl_run(cfg: StageConfig, *, model: str, problems: str, sandbox_url: 
 
     train_files = dataset(problems, "verl_train.parquet")
     val_files = dataset(val_problems, "verl_val.parquet") if val_problems else None
-    longest = longest_prompt(model, problem_texts, cfg.prompt_style) if os.path.isdir(model) else None
+    longest = (
+        longest_prompt(model, problem_texts, cfg.prompt_style) if os.path.isdir(model) else None
+    )
     agent_cfg = os.path.join(out_dir, "agent_loops.yaml")
     with open(agent_cfg, "w") as f:
         f.write("- name: rstar_agent\n  _target_: rstar.agent.verl_adapter.RStarAgentLoop\n")
     router = os.path.join(out_dir, "router.yaml")
     with open(router, "w") as f:
-        f.write("router_class: rstar.rollout.verl_router.KVBalancedRouter\n"
-                f"kv_cache_tokens: {kv_cache_tokens or 'null'}\n")
-    return verl_command(cfg, model=model, train_files=train_files, agent_loop_config=agent_cfg,
-                        sandbox_url=sandbox_url, out_dir=out_dir, n_gpus=n_gpus, nodes=nodes, val_files=val_files,
-                        experiment=experiment, router_config=router, optimizer_from=optimizer_from, device=device,
-                        max_prompt_length=-(-longest // 64) * 64 if longest else 2048)
+        f.write(
+            "router_class: rstar.rollout.verl_router.KVBalancedRouter\n"
+            f"kv_cache_tokens: {kv_cache_tokens or 'null'}\n"
+        )
+    return verl_command(
+        cfg,
+        model=model,
+        train_files=train_files,
+        agent_loop_config=agent_cfg,
+        sandbox_url=sandbox_url,
+        out_dir=out_dir,
+        n_gpus=n_gpus,
+        nodes=nodes,
+        val_files=val_files,
+        experiment=experiment,
+        router_config=router,
+        optimizer_from=optimizer_from,
+        device=device,
+        max_prompt_length=-(-longest // 64) * 64 if longest else 2048,
+    )
 
 
 def longest_prompt(model_dir: str, problems: list[str], prompt_style: str) -> int:
@@ -180,5 +285,7 @@ def longest_prompt(model_dir: str, problems: list[str], prompt_style: str) -> in
 
     from rstar.agent.loop import AgentLoop, LoopConfig
 
-    loop = AgentLoop(None, AutoTokenizer.from_pretrained(model_dir), None, LoopConfig(prompt_style=prompt_style))
+    loop = AgentLoop(
+        None, AutoTokenizer.from_pretrained(model_dir), None, LoopConfig(prompt_style=prompt_style)
+    )
     return max(len(loop.prompt_ids(p)) for p in problems)

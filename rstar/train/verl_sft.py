@@ -9,6 +9,7 @@ started with the training slots verl's CPU platform needs (rstar.train.verl_cpu)
 on this machine. verl writes its FSDP checkpoint (every epoch; a retry resumes from the last)
 and the stage merges it into a Hugging Face directory with verl's model merger.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,52 +31,98 @@ class SFTChats(Dataset):
     """verl's `data.custom_cls`: rows of the `sft` schema as unpadded examples (`input_ids`,
     `position_ids`, `loss_mask`: 1 on the tokens the loss is taken on)."""
 
-    def __init__(self, parquet_files, tokenizer, config, processor=None, max_samples: int = -1) -> None:
+    def __init__(
+        self, parquet_files, tokenizer, config, processor=None, max_samples: int = -1
+    ) -> None:
         files = [parquet_files] if isinstance(parquet_files, str) else list(parquet_files)
         rows = [r for f in files for r in read_table(f, "sft").to_pylist()]
         rows = rows[:max_samples] if max_samples and max_samples > 0 else rows
         style = config.get("prompt_style", "paper")
-        encoded = (encode_example(tokenizer, json.loads(r["messages"]), config.max_length, style) for r in rows)
-        self.examples = [e for e in encoded if sum(e[1])]  # a chat cut before any assistant token teaches nothing
+        encoded = (
+            encode_example(tokenizer, json.loads(r["messages"]), config.max_length, style)
+            for r in rows
+        )
+        self.examples = [
+            e for e in encoded if sum(e[1])
+        ]  # a chat cut before any assistant token teaches nothing
         if not self.examples:
-            raise ValueError(f"{files}: no chat has an assistant token within max_length {config.max_length}")
+            raise ValueError(
+                f"{files}: no chat has an assistant token within max_length {config.max_length}"
+            )
 
     def __len__(self) -> int:
         return len(self.examples)
 
     def __getitem__(self, i: int) -> dict:
         ids, mask = self.examples[i]
-        return {"input_ids": torch.tensor(ids), "position_ids": torch.arange(len(ids)),
-                "loss_mask": torch.tensor(mask)}
+        return {
+            "input_ids": torch.tensor(ids),
+            "position_ids": torch.arange(len(ids)),
+            "loss_mask": torch.tensor(mask),
+        }
 
 
-def sft_overrides(cfg: SFTConfig, *, model: str, train_files: str, out_dir: str, n_gpus: int, nodes: int = 1,
-                  experiment: str = "rstar", device: str = "gpu") -> list[str]:
+def sft_overrides(
+    cfg: SFTConfig,
+    *,
+    model: str,
+    train_files: str,
+    out_dir: str,
+    n_gpus: int,
+    nodes: int = 1,
+    experiment: str = "rstar",
+    device: str = "gpu",
+) -> list[str]:
     """Hydra overrides of verl's `sft_trainer_engine` config that reproduce `cfg`: the same
     batch (examples per optimizer step), epochs, cosine schedule with warm-up, clipping and
     weight decay as the local SFT; micro-batches sized by tokens (two full-length chats per GPU)."""
     if cfg.replay_rows:
-        raise ValueError("sft.train.replay_rows (pretraining text replayed during SFT) is the embedded "
-                         "trainer's; with engine verl set it to 0")
+        raise ValueError(
+            "sft.train.replay_rows (pretraining text replayed during SFT) is the embedded "
+            "trainer's; with engine verl set it to 0"
+        )
     overrides = [
-        f"model.path={model}", f"data.train_files={train_files}", f"data.train_batch_size={cfg.batch_size}",
-        "data.pad_mode=no_padding", "data.use_dynamic_bsz=true", f"data.max_token_len_per_gpu={2 * cfg.max_length}",
-        f"data.micro_batch_size_per_gpu={cfg.micro_batch_size}", f"data.max_length={cfg.max_length}",
-        f"data.custom_cls.path=pkg://{ENTRY}", "data.custom_cls.name=SFTChats",
+        f"model.path={model}",
+        f"data.train_files={train_files}",
+        f"data.train_batch_size={cfg.batch_size}",
+        "data.pad_mode=no_padding",
+        "data.use_dynamic_bsz=true",
+        f"data.max_token_len_per_gpu={2 * cfg.max_length}",
+        f"data.micro_batch_size_per_gpu={cfg.micro_batch_size}",
+        f"data.max_length={cfg.max_length}",
+        f"data.custom_cls.path=pkg://{ENTRY}",
+        "data.custom_cls.name=SFTChats",
         f"+data.prompt_style={cfg.prompt_style}",
-        "engine.strategy=fsdp2", f"optim.lr={cfg.lr}", "optim.lr_scheduler_type=cosine",
-        f"optim.lr_warmup_steps_ratio={cfg.warmup_ratio}", f"optim.weight_decay={cfg.weight_decay}",
+        "engine.strategy=fsdp2",
+        f"optim.lr={cfg.lr}",
+        "optim.lr_scheduler_type=cosine",
+        f"optim.lr_warmup_steps_ratio={cfg.warmup_ratio}",
+        f"optim.weight_decay={cfg.weight_decay}",
         f"optim.clip_grad={cfg.max_grad_norm}",
-        f"trainer.total_epochs={cfg.epochs}", f"trainer.seed={cfg.seed}", f"trainer.default_local_dir={out_dir}",
-        "trainer.save_freq=after_each_epoch", "trainer.max_ckpt_to_keep=1", "trainer.resume_mode=auto",
-        f"trainer.n_gpus_per_node={n_gpus}", f"trainer.nnodes={nodes}", "trainer.logger=[console,mlflow]",
-        f"trainer.project_name={experiment}", "trainer.experiment_name=sft",
+        f"trainer.total_epochs={cfg.epochs}",
+        f"trainer.seed={cfg.seed}",
+        f"trainer.default_local_dir={out_dir}",
+        "trainer.save_freq=after_each_epoch",
+        "trainer.max_ckpt_to_keep=1",
+        "trainer.resume_mode=auto",
+        f"trainer.n_gpus_per_node={n_gpus}",
+        f"trainer.nnodes={nodes}",
+        "trainer.logger=[console,mlflow]",
+        f"trainer.project_name={experiment}",
+        "trainer.experiment_name=sft",
     ]
-    if device == "cpu":  # verl on this machine's CPU (rstar.train.verl_cpu): float32, no fused kernels
-        overrides += ["trainer.device=cpu", "engine.dtype=float32", f"+engine.mixed_precision={FP32}",
-                      "engine.use_torch_compile=false",
-                      "model.use_remove_padding=false", "model.enable_gradient_checkpointing=false",
-                      "+model.override_config.attn_implementation=sdpa"]
+    if (
+        device == "cpu"
+    ):  # verl on this machine's CPU (rstar.train.verl_cpu): float32, no fused kernels
+        overrides += [
+            "trainer.device=cpu",
+            "engine.dtype=float32",
+            f"+engine.mixed_precision={FP32}",
+            "engine.use_torch_compile=false",
+            "model.use_remove_padding=false",
+            "model.enable_gradient_checkpointing=false",
+            "+model.override_config.attn_implementation=sdpa",
+        ]
     return overrides
 
 
@@ -103,8 +150,12 @@ def main(config) -> None:
     if config.trainer.device == "cpu":
         processes = config.trainer.n_gpus_per_node * config.trainer.nnodes
         # CPUs are logical here: verl's SFT resource pool asks 10 per training process's bundle
-        ray.init(num_gpus=processes, num_cpus=10 * processes + 2, object_store_memory=500_000_000,
-                 include_dashboard=False)
+        ray.init(
+            num_gpus=processes,
+            num_cpus=10 * processes + 2,
+            object_store_memory=500_000_000,
+            include_dashboard=False,
+        )
     else:
         ray.init()
     SFTTrainer(config=config).fit()
@@ -113,4 +164,6 @@ def main(config) -> None:
 if __name__ == "__main__":
     import hydra
 
-    hydra.main(config_path="pkg://verl.trainer.config", config_name="sft_trainer_engine", version_base=None)(main)()
+    hydra.main(
+        config_path="pkg://verl.trainer.config", config_name="sft_trainer_engine", version_base=None
+    )(main)()

@@ -18,6 +18,7 @@ nothing else of verl's step. So this module subclasses the legacy trainer:
 Everything else (workers, FSDP, rollout replicas, advantages, loss, checkpoints, loggers) is
 verl's. `main` is verl's `main_ppo` entry with this trainer in place of the legacy one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,9 +43,17 @@ def rollouts_of(batch: DataProto) -> list[Rollout]:
     and the penalty counts the agent loop put in its extra fields."""
     nt = batch.non_tensor_batch
     rewards = batch.batch["rm_scores"].sum(-1).tolist()
-    return [Rollout(str(nt["uid"][i]), rewards[i], int(nt["rstar_num_tool_calls"][i]),
-                    int(nt["rstar_num_tool_errors"][i]), int(nt["rstar_num_answers"][i]), int(nt["rstar_turns"][i]))
-            for i in range(len(batch))]
+    return [
+        Rollout(
+            str(nt["uid"][i]),
+            rewards[i],
+            int(nt["rstar_num_tool_calls"][i]),
+            int(nt["rstar_num_tool_errors"][i]),
+            int(nt["rstar_num_answers"][i]),
+            int(nt["rstar_turns"][i]),
+        )
+        for i in range(len(batch))
+    ]
 
 
 def _error_rate(rows: list[Rollout]) -> float:
@@ -58,21 +67,32 @@ def apply_roc(batch: DataProto, cfg: RoCConfig, rng: random.Random) -> dict[str,
     failures = int(np.sum(batch.non_tensor_batch["rstar_num_sandbox_failures"]))
     kept_idx = sorted(keep_indices(rollouts, cfg, rng))
     if not kept_idx:
-        raise ValueError("RoC kept no rollout of this step (every group was dropped): nothing to train on")
+        raise ValueError(
+            "RoC kept no rollout of this step (every group was dropped): nothing to train on"
+        )
     kept = [rollouts[i] for i in kept_idx]
     sub = batch.select_idxs(np.array(kept_idx, dtype=np.int64))
     batch.batch, batch.non_tensor_batch = sub.batch, sub.non_tensor_batch
     pos, pos_kept = [r for r in rollouts if r.reward > 0], [r for r in kept if r.reward > 0]
     calls = sum(r.num_tool_calls for r in rollouts)
-    return {"roc/sampled": len(rollouts), "roc/kept": len(kept),
-            # the sandbox failing (never ran the call), apart from the errors in the model's code
-            "tool/sandbox_failure_rate": failures / calls if calls else 0.0,
-            "tool/code_error_rate": (sum(r.num_tool_errors for r in rollouts) - failures) / calls if calls else 0.0,
-            "roc/accuracy_sampled": len(pos) / len(rollouts),
-            "roc/p_err_kept_positive": float(np.mean([r.sample().p_err for r in pos_kept])) if pos_kept else 0.0,
-            "roc/p_format_kept_positive": float(np.mean([r.sample().p_format for r in pos_kept])) if pos_kept else 0.0,
-            "roc/tool_error_rate_positive": _error_rate(pos),
-            "roc/tool_error_rate_positive_kept": _error_rate(pos_kept)}
+    return {
+        "roc/sampled": len(rollouts),
+        "roc/kept": len(kept),
+        # the sandbox failing (never ran the call), apart from the errors in the model's code
+        "tool/sandbox_failure_rate": failures / calls if calls else 0.0,
+        "tool/code_error_rate": (sum(r.num_tool_errors for r in rollouts) - failures) / calls
+        if calls
+        else 0.0,
+        "roc/accuracy_sampled": len(pos) / len(rollouts),
+        "roc/p_err_kept_positive": float(np.mean([r.sample().p_err for r in pos_kept]))
+        if pos_kept
+        else 0.0,
+        "roc/p_format_kept_positive": float(np.mean([r.sample().p_format for r in pos_kept]))
+        if pos_kept
+        else 0.0,
+        "roc/tool_error_rate_positive": _error_rate(pos),
+        "roc/tool_error_rate_positive_kept": _error_rate(pos_kept),
+    }
 
 
 def roc_config(config) -> RoCConfig:
@@ -83,9 +103,15 @@ def roc_config(config) -> RoCConfig:
 class RoCTrainer(RayPPOTrainer):
     """verl's legacy PPO trainer with RoC between rollout and advantage (module docstring)."""
 
-    def _balance_batch(self, batch: DataProto, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+    def _balance_batch(
+        self, batch: DataProto, metrics, logging_prefix="global_seqlen", keep_minibatch=False
+    ):
         seed = int(self.config.rstar.get("seed", 0))
-        metrics.update(apply_roc(batch, roc_config(self.config), random.Random(f"{seed}/{self.global_steps}/roc")))
+        metrics.update(
+            apply_roc(
+                batch, roc_config(self.config), random.Random(f"{seed}/{self.global_steps}/roc")
+            )
+        )
         return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
 
     @contextmanager
@@ -124,19 +150,29 @@ class RoCTaskRunner(BaseTaskRunner):
         from verl.utils.config import omega_conf_to_dataclass
         from verl.utils.dataset.rl_dataset import collate_fn
 
-        configure()  # an actor process of verl's: rstar's log lines at the stage's level (rstar.logs)
+        # an actor process of verl's: rstar's log lines at the stage's level (rstar.logs)
+        configure()
         OmegaConf.resolve(config)
         _, group_cls = self.add_actor_rollout_worker(config)
         self.add_critic_worker(config)
         self.add_reward_model_resource_pool(config)
         model = omega_conf_to_dataclass(config.actor_rollout_ref.model)
-        datasets = [create_rl_dataset(files, config.data, model.tokenizer, model.processor, is_train=train)
-                    for files, train in ((config.data.train_files, True), (config.data.val_files, False))]
-        trainer = RoCTrainer(config=config, tokenizer=model.tokenizer, processor=model.processor,
-                             role_worker_mapping=self.role_worker_mapping,
-                             resource_pool_manager=self.init_resource_pool_mgr(config), ray_worker_group_cls=group_cls,
-                             train_dataset=datasets[0], val_dataset=datasets[1], collate_fn=collate_fn,
-                             train_sampler=create_rl_sampler(config.data, datasets[0]))
+        datasets = [
+            create_rl_dataset(files, config.data, model.tokenizer, model.processor, is_train=train)
+            for files, train in ((config.data.train_files, True), (config.data.val_files, False))
+        ]
+        trainer = RoCTrainer(
+            config=config,
+            tokenizer=model.tokenizer,
+            processor=model.processor,
+            role_worker_mapping=self.role_worker_mapping,
+            resource_pool_manager=self.init_resource_pool_mgr(config),
+            ray_worker_group_cls=group_cls,
+            train_dataset=datasets[0],
+            val_dataset=datasets[1],
+            collate_fn=collate_fn,
+            train_sampler=create_rl_sampler(config.data, datasets[0]),
+        )
         trainer.init_workers()
         trainer.fit()
 
@@ -152,11 +188,17 @@ def main(config) -> None:
     if config.trainer.use_v1:
         raise ValueError("rstar's RoC runs in verl's legacy trainer: set trainer.use_v1=false")
     auto_set_device(config)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    validate_config(
+        config=config,
+        use_reference_policy=need_reference_policy(config),
+        use_critic=need_critic(config),
+    )
     run_ppo(config, task_runner_class=RoCTaskRunner)
 
 
 if __name__ == "__main__":
     import hydra
 
-    hydra.main(config_path="pkg://verl.trainer.config", config_name="ppo_trainer", version_base=None)(main)()
+    hydra.main(
+        config_path="pkg://verl.trainer.config", config_name="ppo_trainer", version_base=None
+    )(main)()

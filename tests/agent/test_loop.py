@@ -1,11 +1,19 @@
 """The agent loop on a scripted engine (the GPU boundary; the real engine is tested apart):
 format round trip, malformed tool calls, limits and finish reasons, the loss mask."""
+
 import json
 import time
 
 import pytest
 
-from rstar.agent.format import IM_END, TOOL_NAME, TOOL_SCHEMA, parse_tool_calls, problem_messages, tool_turn
+from rstar.agent.format import (
+    IM_END,
+    TOOL_NAME,
+    TOOL_SCHEMA,
+    parse_tool_calls,
+    problem_messages,
+    tool_turn,
+)
 from rstar.agent.loop import AgentLoop, Generation, LoopConfig
 
 
@@ -28,7 +36,11 @@ class ScriptedEngine:
 
 
 def call(code, inp="", name=TOOL_NAME):
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": {"code": code, "input": inp}}) + "\n</tool_call>"
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": name, "arguments": {"code": code, "input": inp}})
+        + "\n</tool_call>"
+    )
 
 
 def test_template_renders_what_the_loop_appends(tokenizer):
@@ -36,32 +48,72 @@ def test_template_renders_what_the_loop_appends(tokenizer):
     t1 = "<reason>compute</reason>\n" + call("print(6*7)")
     t2 = "<reason>read it</reason>\n<answer>\\boxed{42}</answer>"
     messages = problem_messages("What is 6*7?") + [
-        {"role": "assistant", "content": "<reason>compute</reason>",
-         "tool_calls": [{"name": TOOL_NAME, "arguments": {"code": "print(6*7)", "input": ""}}]},
+        {
+            "role": "assistant",
+            "content": "<reason>compute</reason>",
+            "tool_calls": [{"name": TOOL_NAME, "arguments": {"code": "print(6*7)", "input": ""}}],
+        },
         {"role": "tool", "content": "42"},
-        {"role": "assistant", "content": t2}]
+        {"role": "assistant", "content": t2},
+    ]
     rendered = tokenizer.apply_chat_template(messages, tools=[TOOL_SCHEMA], tokenize=False)
-    prompt = tokenizer.apply_chat_template(problem_messages("What is 6*7?"), tools=[TOOL_SCHEMA], tokenize=False,
-                                           add_generation_prompt=True)
-    assert rendered == prompt + t1 + IM_END + tool_turn(["42"])[:-len("<|im_start|>assistant\n")] \
-        + "<|im_start|>assistant\n" + t2 + IM_END + "\n"
+    prompt = tokenizer.apply_chat_template(
+        problem_messages("What is 6*7?"),
+        tools=[TOOL_SCHEMA],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert (
+        rendered
+        == prompt
+        + t1
+        + IM_END
+        + tool_turn(["42"])[: -len("<|im_start|>assistant\n")]
+        + "<|im_start|>assistant\n"
+        + t2
+        + IM_END
+        + "\n"
+    )
     assert TOOL_NAME in prompt and "<tools>" in prompt and "\\boxed{}" in prompt
     # several tool messages share one user turn, as tool_turn renders them
-    two = [{"role": "assistant", "content": "x", "tool_calls": [{"name": TOOL_NAME, "arguments": {"code": "1"}}] * 2},
-           {"role": "tool", "content": "a"}, {"role": "tool", "content": "b"}]
+    two = [
+        {
+            "role": "assistant",
+            "content": "x",
+            "tool_calls": [{"name": TOOL_NAME, "arguments": {"code": "1"}}] * 2,
+        },
+        {"role": "tool", "content": "a"},
+        {"role": "tool", "content": "b"},
+    ]
     text = tokenizer.apply_chat_template(two, tokenize=False, add_generation_prompt=True)
     assert text.endswith(IM_END + tool_turn(["a", "b"]))
 
 
-@pytest.mark.parametrize("text,error", [
-    ("<tool_call>{not json}</tool_call>", "Failed to decode tool call"),
-    ("<tool_call>[1, 2]</tool_call>", "must be a JSON object"),
-    ('<tool_call>{"name": "web_search", "arguments": {"q": "x"}}</tool_call>', "Unknown tool 'web_search'"),
-    (f'<tool_call>{{"name": "{TOOL_NAME}", "arguments": {{"code": 5}}}}</tool_call>', "Invalid arguments"),
-    (f'<tool_call>{{"name": "{TOOL_NAME}", "arguments": {{"code": "1", "input": 2}}}}</tool_call>', "Invalid arguments"),
-    (f'<tool_call>{{"name": "{TOOL_NAME}", "arguments": "not an object"}}</tool_call>', "Invalid arguments"),
-    ("<tool_call>{\"name\": \"x\"", "without </tool_call>"),
-])
+@pytest.mark.parametrize(
+    "text,error",
+    [
+        ("<tool_call>{not json}</tool_call>", "Failed to decode tool call"),
+        ("<tool_call>[1, 2]</tool_call>", "must be a JSON object"),
+        (
+            '<tool_call>{"name": "web_search", "arguments": {"q": "x"}}</tool_call>',
+            "Unknown tool 'web_search'",
+        ),
+        (
+            f'<tool_call>{{"name": "{TOOL_NAME}", "arguments": {{"code": 5}}}}</tool_call>',
+            "Invalid arguments",
+        ),
+        (
+            f'<tool_call>{{"name": "{TOOL_NAME}", "arguments": {{"code": "1", "input": '
+            "2}}</tool_call>",
+            "Invalid arguments",
+        ),
+        (
+            f'<tool_call>{{"name": "{TOOL_NAME}", "arguments": "not an object"}}</tool_call>',
+            "Invalid arguments",
+        ),
+        ('<tool_call>{"name": "x"', "without </tool_call>"),
+    ],
+)
 def test_malformed_tool_calls_become_error_responses(text, error):
     calls = parse_tool_calls(text)
     assert len(calls) == 1 and calls[0].arguments is None and error in calls[0].error
@@ -70,13 +122,18 @@ def test_malformed_tool_calls_become_error_responses(text, error):
 def test_well_formed_and_double_encoded_calls():
     double = json.dumps({"name": TOOL_NAME, "arguments": json.dumps({"code": "1+1"})})
     calls = parse_tool_calls(call("print(1)", "x") + f"<tool_call>{double}</tool_call>")
-    assert [c.arguments for c in calls] == [{"code": "print(1)", "input": "x"}, {"code": "1+1", "input": ""}]
+    assert [c.arguments for c in calls] == [
+        {"code": "print(1)", "input": "x"},
+        {"code": "1+1", "input": ""},
+    ]
 
 
 async def test_multi_turn_record_and_mask(tokenizer, agent_sandbox):
-    turns = ["<reason>first</reason>" + call("print(6*7)"),
-             "<reason>bad call</reason><tool_call>{oops}</tool_call>",
-             "<reason>done</reason>\n<answer>\\boxed{42}</answer>"]
+    turns = [
+        "<reason>first</reason>" + call("print(6*7)"),
+        "<reason>bad call</reason><tool_call>{oops}</tool_call>",
+        "<reason>done</reason>\n<answer>\\boxed{42}</answer>",
+    ]
     engine = ScriptedEngine(tokenizer, turns)
     traj = await AgentLoop(engine, tokenizer, agent_sandbox).run("What is 6*7?", "r1")
     assert traj.finish_reason == "answered" and traj.turns == 3
@@ -86,19 +143,30 @@ async def test_multi_turn_record_and_mask(tokenizer, agent_sandbox):
     assert len(traj.response_mask) == len(traj.log_probs) == len(traj.entropies) == n
     model = [t for t, m in zip(traj.response_ids, traj.response_mask) if m]
     tool = tokenizer.decode([t for t, m in zip(traj.response_ids, traj.response_mask) if not m])
-    scripted = sum((tokenizer.encode(t, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids(IM_END)]
-                    for t in turns), [])
+    scripted = sum(
+        (
+            tokenizer.encode(t, add_special_tokens=False)
+            + [tokenizer.convert_tokens_to_ids(IM_END)]
+            for t in turns
+        ),
+        [],
+    )
     assert model == scripted  # every generated token, and nothing else, is trainable
     assert "<tool_response>\n42\n</tool_response>" in tool and "Failed to decode tool call" in tool
     assert all(lp == 0.0 for lp, m in zip(traj.log_probs, traj.response_mask) if not m)
     # each turn was generated from the full context so far
-    assert engine.prompts[1] == traj.prompt_ids + traj.response_ids[:len(engine.prompts[1]) - len(traj.prompt_ids)]
+    assert (
+        engine.prompts[1]
+        == traj.prompt_ids + traj.response_ids[: len(engine.prompts[1]) - len(traj.prompt_ids)]
+    )
     assert traj.response_text == tokenizer.decode(traj.response_ids, skip_special_tokens=False)
 
 
 async def test_finish_reasons(tokenizer, agent_sandbox):
     async def run(turns, **cfg):
-        return await AgentLoop(ScriptedEngine(tokenizer, turns), tokenizer, agent_sandbox, LoopConfig(**cfg)).run("p", "r")
+        return await AgentLoop(
+            ScriptedEngine(tokenizer, turns), tokenizer, agent_sandbox, LoopConfig(**cfg)
+        ).run("p", "r")
 
     assert (await run(["I just talk."])).finish_reason == "no_tool_call"
     t = await run([call("print(1)")] * 5, max_turns=3)
@@ -106,10 +174,17 @@ async def test_finish_reasons(tokenizer, agent_sandbox):
     t = await run(["word " * 500], max_response_tokens=100)
     assert t.finish_reason == "length_limit" and len(t.response_ids) == 100 and t.truncated
     # a long tool response is cut to the token limit, then the budget runs out on tool tokens
-    t = await run([call("print('x' * 5000)"), "<answer>\\boxed{1}</answer>"], max_tool_response_tokens=20,
-                  max_response_tokens=60)
-    assert t.finish_reason == "length_limit" and len(t.response_ids) == 60 and t.response_mask[-1] == 0
-    t = await run([call("print('y ' * 3000)"), "<answer>\\boxed{1}</answer>"], max_tool_response_tokens=20)
+    t = await run(
+        [call("print('x' * 5000)"), "<answer>\\boxed{1}</answer>"],
+        max_tool_response_tokens=20,
+        max_response_tokens=60,
+    )
+    assert (
+        t.finish_reason == "length_limit" and len(t.response_ids) == 60 and t.response_mask[-1] == 0
+    )
+    t = await run(
+        [call("print('y ' * 3000)"), "<answer>\\boxed{1}</answer>"], max_tool_response_tokens=20
+    )
     assert t.finish_reason == "answered" and "tool response truncated" in t.response_text
 
 
@@ -127,11 +202,19 @@ def test_compact_style_keeps_the_format_and_drops_the_preamble(tokenizer):
     from rstar.agent.format import STYLES
 
     paper, compact = STYLES["paper"], STYLES["compact"]
-    render = lambda st: tokenizer.apply_chat_template(st.messages("What is 6*7?"), tools=st.tools, tokenize=False,
-                                                      add_generation_prompt=True)
+
+    def render(st):
+        return tokenizer.apply_chat_template(
+            st.messages("What is 6*7?"), tools=st.tools, tokenize=False, add_generation_prompt=True
+        )
+
     short, long = render(compact), render(paper)
     assert "<tools>" in long and "<tools>" not in short
-    assert "<answer>" in short and "\\boxed{}" in short and short.endswith("What is 6*7?<|im_end|>\n<|im_start|>assistant\n")
+    assert (
+        "<answer>" in short
+        and "\\boxed{}" in short
+        and short.endswith("What is 6*7?<|im_end|>\n<|im_start|>assistant\n")
+    )
     assert len(tokenizer.encode(short)) * 4 < len(tokenizer.encode(long))
     loop = AgentLoop(None, tokenizer, None, LoopConfig(prompt_style="compact"))
     assert loop.prompt_ids("What is 6*7?") == tokenizer.encode(short, add_special_tokens=False)

@@ -1,5 +1,6 @@
 """The agent loop under verl, on CPU: verl's AgentLoopBase subclass driven by a fake server
 manager that returns verl's own TokenOutput (the vLLM replicas it stands for need GPUs)."""
+
 import json
 
 import pytest
@@ -20,7 +21,9 @@ class FakeServerManager:
     async def generate(self, request_id, prompt_ids, sampling_params, **kw):
         self.calls.append(sampling_params)
         self.request_ids.append(request_id)
-        ids = self.tok.encode(self.turns.pop(0), add_special_tokens=False) + [self.tok.convert_tokens_to_ids(IM_END)]
+        ids = self.tok.encode(self.turns.pop(0), add_special_tokens=False) + [
+            self.tok.convert_tokens_to_ids(IM_END)
+        ]
         return TokenOutput(token_ids=ids, log_probs=[-0.25] * len(ids), stop_reason="completed")
 
 
@@ -43,23 +46,44 @@ async def test_rstar_agent_loop_in_verl(tokenizer, sandbox_url):
 
     assert verl_agent._agent_loop_registry["rstar_agent"]["_target_"].endswith("RStarAgentLoop")
     call = json.dumps({"name": TOOL_NAME, "arguments": {"code": "print(6*7)", "input": ""}})
-    server = FakeServerManager(tokenizer, [f"<reason>compute</reason>\n<tool_call>\n{call}\n</tool_call>",
-                                           "<reason>ok</reason>\n<answer>\\boxed{42}</answer>"])
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 200, "prompt_length": 600}},
-                               "rstar": {"sandbox_url": sandbox_url, "max_turns": 4}})
-    loop = RStarAgentLoop(trainer_config=verl_agent.DictConfigWrap(config), server_manager=server,
-                          tokenizer=tokenizer, processor=None, dataset_cls=None,
-                          data_config=verl_agent.DictConfigWrap(OmegaConf.create({})))
-    out = await loop.run({"temperature": 1.0, "top_p": 1.0}, extra_info={"problem": "What is 6*7?"},
-                         reward_model={"ground_truth": "42"})
+    server = FakeServerManager(
+        tokenizer,
+        [
+            f"<reason>compute</reason>\n<tool_call>\n{call}\n</tool_call>",
+            "<reason>ok</reason>\n<answer>\\boxed{42}</answer>",
+        ],
+    )
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {"rollout": {"response_length": 200, "prompt_length": 600}},
+            "rstar": {"sandbox_url": sandbox_url, "max_turns": 4},
+        }
+    )
+    loop = RStarAgentLoop(
+        trainer_config=verl_agent.DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=None,
+        data_config=verl_agent.DictConfigWrap(OmegaConf.create({})),
+    )
+    out = await loop.run(
+        {"temperature": 1.0, "top_p": 1.0},
+        extra_info={"problem": "What is 6*7?"},
+        reward_model={"ground_truth": "42"},
+    )
     assert isinstance(out, verl_agent.AgentLoopOutput)
     assert out.reward_score == 1.0  # scored in the loop: verl takes it as rm_scores
-    # one request id for every turn of the rollout (verl's router keeps it on one replica), log-probs asked for
+    # one request id for every turn of the rollout (verl's router keeps it on one replica),
+    # log-probs asked for
     assert len(server.request_ids) == 2 and len(set(server.request_ids)) == 1
     assert all(c["logprobs"] is True for c in server.calls)
     assert len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs)
     assert out.extra_fields["rstar_finish_reason"] == "answered"
-    assert out.extra_fields["rstar_num_tool_calls"] == 1 and out.extra_fields["rstar_num_tool_errors"] == 0
+    assert (
+        out.extra_fields["rstar_num_tool_calls"] == 1
+        and out.extra_fields["rstar_num_tool_errors"] == 0
+    )
     tool_text = tokenizer.decode([t for t, m in zip(out.response_ids, out.response_mask) if not m])
     assert "<tool_response>\n42\n</tool_response>" in tool_text  # the real sandbox ran the call
     assert server.calls[0]["max_tokens"] == 200 and server.calls[1]["max_tokens"] < 200
@@ -76,7 +100,9 @@ async def test_sandbox_tool_for_verls_tool_loop(sandbox_url):
     tool = SandboxTool({"sandbox_url": sandbox_url, "timeout_s": 3})
     assert tool.name == TOOL_NAME
     iid, _ = await tool.create()
-    resp, reward, metrics = await tool.execute(iid, {"code": "n = int(input())\nn * 2", "input": "21"})
+    resp, reward, metrics = await tool.execute(
+        iid, {"code": "n = int(input())\nn * 2", "input": "21"}
+    )
     assert resp.text == "42" and metrics["status"] == "ok"
     resp, _, metrics = await tool.execute(iid, {"code": 5})
     assert metrics["status"] == "parse_error" and "Invalid arguments" in resp.text
@@ -86,14 +112,36 @@ async def test_a_call_the_sandbox_never_ran_is_counted_apart_from_code_errors(to
     from rstar.agent.verl_adapter import RStarAgentLoop
 
     call = json.dumps({"name": TOOL_NAME, "arguments": {"code": "print(6*7)", "input": ""}})
-    server = FakeServerManager(tokenizer, [f"<reason>compute</reason>\n<tool_call>\n{call}\n</tool_call>",
-                                           "<reason>ok</reason>\n<answer>\\boxed{42}</answer>"])
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 200, "prompt_length": 600}},
-                               "rstar": {"sandbox_url": "http://127.0.0.1:9", "max_turns": 4, "tool_timeout_s": 1.0}})
-    loop = RStarAgentLoop(trainer_config=verl_agent.DictConfigWrap(config), server_manager=server,
-                          tokenizer=tokenizer, processor=None, dataset_cls=None,
-                          data_config=verl_agent.DictConfigWrap(OmegaConf.create({})))
-    out = await loop.run({"temperature": 1.0}, extra_info={"problem": "What is 6*7?"}, reward_model={"ground_truth": "42"})
-    assert out.extra_fields["rstar_num_tool_errors"] == 1 and out.extra_fields["rstar_num_sandbox_failures"] == 1
-    assert "Rejected: sandbox unreachable" in tokenizer.decode([t for t, m in zip(out.response_ids, out.response_mask)
-                                                                if not m])
+    server = FakeServerManager(
+        tokenizer,
+        [
+            f"<reason>compute</reason>\n<tool_call>\n{call}\n</tool_call>",
+            "<reason>ok</reason>\n<answer>\\boxed{42}</answer>",
+        ],
+    )
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {"rollout": {"response_length": 200, "prompt_length": 600}},
+            "rstar": {"sandbox_url": "http://127.0.0.1:9", "max_turns": 4, "tool_timeout_s": 1.0},
+        }
+    )
+    loop = RStarAgentLoop(
+        trainer_config=verl_agent.DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=None,
+        data_config=verl_agent.DictConfigWrap(OmegaConf.create({})),
+    )
+    out = await loop.run(
+        {"temperature": 1.0},
+        extra_info={"problem": "What is 6*7?"},
+        reward_model={"ground_truth": "42"},
+    )
+    assert (
+        out.extra_fields["rstar_num_tool_errors"] == 1
+        and out.extra_fields["rstar_num_sandbox_failures"] == 1
+    )
+    assert "Rejected: sandbox unreachable" in tokenizer.decode(
+        [t for t, m in zip(out.response_ids, out.response_mask) if not m]
+    )

@@ -1,5 +1,6 @@
 """GRPO-RoC on crafted groups, penalties on crafted trajectories, and the loss and
 advantage against verl's core_algos and the formulas."""
+
 import random
 from collections import Counter
 
@@ -11,23 +12,34 @@ from rstar.algo.loss import grpo_advantages, policy_loss
 from rstar.algo.roc import RoCConfig, Sample, p_err, p_format, released_penalties, select
 
 
-@pytest.mark.parametrize("calls,errors,expected", [(0, 0, 0.5), (4, 1, 0.25), (3, 3, 1.0), (2, 0, 0.0)])
+@pytest.mark.parametrize(
+    "calls,errors,expected", [(0, 0, 0.5), (4, 1, 0.25), (3, 3, 1.0), (2, 0, 0.0)]
+)
 def test_p_err(calls, errors, expected):
     assert p_err(calls, errors) == expected
 
 
-@pytest.mark.parametrize("answers,turns,expected", [
-    (0, 3, 1.0),   # no <answer>
-    (1, 1, 0.0),   # a lone answer without tool calls: no penalty (the released code gives 1)
-    (1, 4, 0.0), (2, 2, 0.5), (3, 1, 1.0), (2, 4, 0.25)])
+@pytest.mark.parametrize(
+    "answers,turns,expected",
+    [
+        (0, 3, 1.0),  # no <answer>
+        (1, 1, 0.0),  # a lone answer without tool calls: no penalty (the released code gives 1)
+        (1, 4, 0.0),
+        (2, 2, 0.5),
+        (3, 1, 1.0),
+        (2, 4, 0.25),
+    ],
+)
 def test_p_format(answers, turns, expected):
     assert p_format(answers, turns) == expected
 
 
 def test_released_penalties_reproduce_the_public_code():
-    text = ("<tool_call>x</tool_call><tool_response>\nTraceback... NameError\n</tool_response>"
-            "<tool_call>y</tool_call><tool_response>\nerror-free result 3\n</tool_response>"
-            "<tool_call>z</tool_call><tool_response>\n42\n</tool_response>")
+    text = (
+        "<tool_call>x</tool_call><tool_response>\nTraceback... "
+        "NameError\n</tool_response><tool_call>y</tool_call><tool_response>\nerror-free result "
+        "3\n</tool_response><tool_call>z</tool_call><tool_response>\n42\n</tool_response>"
+    )
     err, fmt = released_penalties(text, num_answers=1, turns=4)
     assert err == pytest.approx(2 / 3)  # the word "error" counts, even in "error-free"
     assert fmt == 0.0
@@ -52,7 +64,7 @@ def test_roc_prefers_low_penalty_positives():
         counts.update(i for i in select(g, RoCConfig(group_size=16), random.Random(seed)) if i < 8)
     clean, dirty = sum(counts[i] for i in range(4)), sum(counts[i] for i in range(4, 8))
     assert clean + dirty == 3000 * 4  # 4 positives kept every time
-    assert clean > 2.5 * dirty        # weights 10 vs 0.625: clean ones dominate
+    assert clean > 2.5 * dirty  # weights 10 vs 0.625: clean ones dominate
     assert min(counts[i] for i in range(4, 8)) > 0  # but no positive is excluded outright
 
 
@@ -60,24 +72,32 @@ def test_roc_negatives_are_uniform():
     g = group([0.0] * 16, 16)
     counts = Counter()
     for seed in range(4000):
-        counts.update(i for i in select(g, RoCConfig(group_size=16), random.Random(seed)) if i >= 16)
+        counts.update(
+            i for i in select(g, RoCConfig(group_size=16), random.Random(seed)) if i >= 16
+        )
     freqs = [counts[i] / 4000 for i in range(16, 32)]
     assert all(abs(f - 0.5) < 0.04 for f in freqs)
 
 
-@pytest.mark.parametrize("n_pos,n_neg,G,kept_pos,kept_neg", [
-    (32, 0, 16, 16, 0),   # all correct: half of them
-    (0, 32, 16, 0, 16),
-    (1, 31, 16, 1, 15),   # lopsided: the lone positive stays
-    (31, 1, 16, 15, 1),   # the lone negative stays too (both kinds keep the signal)
-    (3, 5, 16, 3, 5),     # fewer than G sampled: all kept
-    (20, 4, 16, 13, 3),   # short group: shares by proportion (13.3 and 2.7)
-    (2, 30, 16, 1, 15),
-])
+@pytest.mark.parametrize(
+    "n_pos,n_neg,G,kept_pos,kept_neg",
+    [
+        (32, 0, 16, 16, 0),  # all correct: half of them
+        (0, 32, 16, 0, 16),
+        (1, 31, 16, 1, 15),  # lopsided: the lone positive stays
+        (31, 1, 16, 15, 1),  # the lone negative stays too (both kinds keep the signal)
+        (3, 5, 16, 3, 5),  # fewer than G sampled: all kept
+        (20, 4, 16, 13, 3),  # short group: shares by proportion (13.3 and 2.7)
+        (2, 30, 16, 1, 15),
+    ],
+)
 def test_small_and_lopsided_groups_still_return_g(n_pos, n_neg, G, kept_pos, kept_neg):
     g = group([0.0] * n_pos, n_neg)
     kept = select(g, RoCConfig(group_size=G), random.Random(1))
-    assert (sum(g[i].positive for i in kept), sum(not g[i].positive for i in kept)) == (kept_pos, kept_neg)
+    assert (sum(g[i].positive for i in kept), sum(not g[i].positive for i in kept)) == (
+        kept_pos,
+        kept_neg,
+    )
     assert len(kept) == min(G, n_pos + n_neg) and len(set(kept)) == len(kept)
 
 
@@ -87,7 +107,11 @@ def test_released_mode_and_plain_grpo():
     assert select(group([], 32), cfg, random.Random(0)) == []
     g = group([0.3, 0.0, 0.9, 0.1, 2.0], 27)
     kept = select(g, cfg, random.Random(0))
-    assert [i for i in kept if g[i].positive] == [0, 1, 3]  # the 3 lowest penalties, deterministically
+    assert [i for i in kept if g[i].positive] == [
+        0,
+        1,
+        3,
+    ]  # the 3 lowest penalties, deterministically
     g = group([0.0] * 29, 3)
     kept = select(g, cfg, random.Random(0))
     assert sum(not g[i].positive for i in kept) == 2  # at least min_each negatives
@@ -102,8 +126,17 @@ def test_advantage_matches_verl_and_the_formula():
 
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0])
     ids = ["a", "a", "a", "b", "b", "b", "b"]
-    mask = torch.tensor([[1, 1, 0, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0],
-                         [0, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
+    mask = torch.tensor(
+        [
+            [1, 1, 0, 1, 1],
+            [1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1],
+            [1, 1, 1, 0, 0],
+            [0, 1, 1, 1, 1],
+            [1, 1, 1, 1, 0],
+            [1, 1, 0, 0, 0],
+        ]
+    )
     adv = grpo_advantages(rewards, mask, ids)
     for i in range(7):
         members = rewards[[j for j in range(7) if ids[j] == ids[i]]]
@@ -124,7 +157,9 @@ def test_clip_higher_token_mean_loss():
     # positive advantage: ratio clipped above 1 + 0.28; negative: clipped below 1 - 0.2
     per_token = torch.tensor([[-1.25, -1.28, 0.0, -1.0], [0.8, 0.85, 1.1, 0.0]])
     assert loss.item() == pytest.approx(per_token.sum().item() / mask.sum().item(), abs=1e-5)
-    assert metrics["clip_fraction"] == pytest.approx(2 / 6)  # 1.35 and 0.75; masked tokens never count
+    assert metrics["clip_fraction"] == pytest.approx(
+        2 / 6
+    )  # 1.35 and 0.75; masked tokens never count
     half, _ = policy_loss(old[:1], ratios[:1].log(), adv[:1], mask[:1], batch_num_tokens=6)
     other, _ = policy_loss(old[1:], ratios[1:].log(), adv[1:], mask[1:], batch_num_tokens=6)
     assert (half + other).item() == pytest.approx(loss.item(), abs=1e-6)  # micro-batches add up
@@ -134,14 +169,21 @@ def test_keep_indices_applies_select_per_prompt_group_in_sorted_group_order():
     from rstar.algo.roc import Rollout, keep_indices
 
     # two prompts' rollouts interleaved, as a batch may hold them; group "b" sorts after "a"
-    rollouts = [Rollout("b" if i % 2 else "a", float(i % 4 < 2), 2, i % 3 == 0, 1, 2) for i in range(16)]
+    rollouts = [
+        Rollout("b" if i % 2 else "a", float(i % 4 < 2), 2, i % 3 == 0, 1, 2) for i in range(16)
+    ]
     kept = keep_indices(rollouts, RoCConfig(group_size=4), random.Random(7))
     assert len(kept) == 8 and kept[:4] == sorted(kept[:4]) and kept[4:] == sorted(kept[4:])
-    assert {rollouts[i].group for i in kept[:4]} == {"a"} and {rollouts[i].group for i in kept[4:]} == {"b"}
+    assert {rollouts[i].group for i in kept[:4]} == {"a"} and {
+        rollouts[i].group for i in kept[4:]
+    } == {"b"}
     # the same draws as select() on each group in turn, with one generator
     rng = random.Random(7)
     expected = []
     for gid in ("a", "b"):
         rows = [i for i, r in enumerate(rollouts) if r.group == gid]
-        expected += [rows[j] for j in select([rollouts[i].sample() for i in rows], RoCConfig(group_size=4), rng)]
+        expected += [
+            rows[j]
+            for j in select([rollouts[i].sample() for i in rows], RoCConfig(group_size=4), rng)
+        ]
     assert kept == expected

@@ -1,7 +1,9 @@
 """Curation filters and rejects, decontamination, mining, generators and schemas."""
+
 import json
 import math
 import re
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,22 +27,29 @@ def write_jsonl(path, rows):
 def dirty(tmp_path):
     rows = [
         {"id": "a", "problem": "What is 2 + 2?", "answer": "4"},
-        {"id": "b", "problem": "What is  2+2 ?", "answer": "4"},                      # duplicate after normalising
-        {"id": "c", "problem": "Find x if 2x = 1.", "answer": "\\frac{1}{2}"},        # non-integer answer
-        {"id": "d", "problem": "Compute 10^40.", "answer": "1" + "0" * 40},           # too large to verify
-        {"id": "e", "answer": "3"},                                                   # missing problem
-        {"id": "f", "problem": "Name a prime.", "answer": ""},                        # missing answer
-        {"id": "g", "problem": ["not", "text"], "answer": "1"},                       # wrong type
-        "{this is not json",                                                          # bad JSON line
-        ["a", "list"],                                                                # not an object
-        {"id": "h", "problem": "How many positive divisors does 360 have, counting one and itself?", "answer": "24"},
+        {"id": "b", "problem": "What is  2+2 ?", "answer": "4"},  # duplicate after normalising
+        {"id": "c", "problem": "Find x if 2x = 1.", "answer": "\\frac{1}{2}"},  # non-integer answer
+        {"id": "d", "problem": "Compute 10^40.", "answer": "1" + "0" * 40},  # too large to verify
+        {"id": "e", "answer": "3"},  # missing problem
+        {"id": "f", "problem": "Name a prime.", "answer": ""},  # missing answer
+        {"id": "g", "problem": ["not", "text"], "answer": "1"},  # wrong type
+        "{this is not json",  # bad JSON line
+        ["a", "list"],  # not an object
+        {
+            "id": "h",
+            "problem": "How many positive divisors does 360 have, counting one and itself?",
+            "answer": "24",
+        },
         {"id": "i", "problem": "What is 1,000 plus 1?", "answer": "1,001"},
     ]
     return write_jsonl(tmp_path / "dirty.jsonl", rows)
 
 
 def test_curation_counts_every_filter_and_keeps_every_reject(tmp_path, dirty):
-    eval_problems = ["In a famous puzzle: how many positive divisors does 360 have, counting one and itself? Explain."]
+    eval_problems = [
+        "In a famous puzzle: how many positive divisors does 360 have, counting one and itself? "
+        "Explain."
+    ]
     out, rej = str(tmp_path / "kept.parquet"), str(tmp_path / "rejects.parquet")
     report = curate([SourceSpec(dirty, name="dirty")], out, rej, eval_problems=eval_problems)
     kept = read_table(out, "problems").to_pylist()
@@ -50,32 +59,63 @@ def test_curation_counts_every_filter_and_keeps_every_reject(tmp_path, dirty):
     by_reason = {r["reason"]: r for r in rejects}
     assert report.read == 11 and report.kept == 2
     assert {k: v for k, v in report.dropped.items() if v} == {
-        "duplicate": 1, "non_integer_answer": 1, "answer_too_large": 1, "missing_problem": 1, "missing_answer": 1,
-        "wrong_type": 2, "bad_json": 1, "contaminated": 1}
+        "duplicate": 1,
+        "non_integer_answer": 1,
+        "answer_too_large": 1,
+        "missing_problem": 1,
+        "missing_answer": 1,
+        "wrong_type": 2,
+        "bad_json": 1,
+        "contaminated": 1,
+    }
     assert len(rejects) == 9 == sum(report.dropped.values())
     assert by_reason["bad_json"]["row_id"] == 7 and "line 8" in by_reason["bad_json"]["detail"]
-    assert by_reason["contaminated"]["row_id"] == 9 and "8-gram" in by_reason["contaminated"]["detail"]
+    assert (
+        by_reason["contaminated"]["row_id"] == 9 and "8-gram" in by_reason["contaminated"]["detail"]
+    )
     assert by_reason["answer_too_large"]["detail"].startswith("answer has 41 digits")
     assert all(r["source"] == "dirty" for r in rejects)
     assert set(report.dropped) == set(REASONS)
 
 
 def test_consistency_filter_uses_a_sampler(tmp_path):
-    src = write_jsonl(tmp_path / "p.jsonl", [{"id": str(i), "problem": f"Problem number {i}", "answer": str(i)}
-                                             for i in range(4)])
-    samples = {"0": ["0", "0", "5"], "1": ["1", "7", None], "2": ["2", "2,0", "2.0"], "3": [None, None, None]}
-    report = curate([SourceSpec(src)], str(tmp_path / "k.parquet"), str(tmp_path / "r.parquet"),
-                    cfg=CurationConfig(consistency_min=2),
-                    sampler=lambda problems: [samples[p["id"]] for p in problems])
-    assert [r["id"] for r in read_table(str(tmp_path / "k.parquet"), "problems").to_pylist()] == ["0", "2"]
+    src = write_jsonl(
+        tmp_path / "p.jsonl",
+        [{"id": str(i), "problem": f"Problem number {i}", "answer": str(i)} for i in range(4)],
+    )
+    samples = {
+        "0": ["0", "0", "5"],
+        "1": ["1", "7", None],
+        "2": ["2", "2,0", "2.0"],
+        "3": [None, None, None],
+    }
+    report = curate(
+        [SourceSpec(src)],
+        str(tmp_path / "k.parquet"),
+        str(tmp_path / "r.parquet"),
+        cfg=CurationConfig(consistency_min=2),
+        sampler=lambda problems: [samples[p["id"]] for p in problems],
+    )
+    assert [r["id"] for r in read_table(str(tmp_path / "k.parquet"), "problems").to_pylist()] == [
+        "0",
+        "2",
+    ]
     assert report.dropped["inconsistent"] == 2
     detail = read_table(str(tmp_path / "r.parquet"), "rejects").to_pylist()[0]["detail"]
     assert detail == "1 of 3 sampled answers match the label (need 2)"
 
 
 def test_presets_and_nested_columns(tmp_path):
-    rows = [{"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Solve 3*3."}],
-             "reward_model": {"ground_truth": "9", "style": "rule"}, "data_source": "dapo"}]
+    rows = [
+        {
+            "prompt": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "Solve 3*3."},
+            ],
+            "reward_model": {"ground_truth": "9", "style": "rule"},
+            "data_source": "dapo",
+        }
+    ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "dapo.parquet")
     spec = SourceSpec.parse(f"{tmp_path / 'dapo.parquet'}:dapo")
     curate([spec], str(tmp_path / "k.parquet"), str(tmp_path / "r.parquet"))
@@ -84,21 +124,35 @@ def test_presets_and_nested_columns(tmp_path):
     assert json.loads(kept[0]["metadata"]) == {"data_source": "dapo"}
     with pytest.raises(DataError, match="unknown column preset 'dpao'"):
         SourceSpec.parse("x.parquet:dpao")
-    custom = SourceSpec(str(tmp_path / "dapo.parquet"), columns=Columns(problem="prompt", answer="data_source", id=None))
+    custom = SourceSpec(
+        str(tmp_path / "dapo.parquet"),
+        columns=Columns(problem="prompt", answer="data_source", id=None),
+    )
     report = curate([custom], str(tmp_path / "k2.parquet"), str(tmp_path / "r2.parquet"))
     assert report.dropped["non_integer_answer"] == 1
 
 
 def test_a_file_whose_columns_do_not_map_is_one_file_level_error_until_mapped(tmp_path):
     path = tmp_path / "qs.jsonl"
-    path.write_text("".join(json.dumps({"question": f"What is {i}+1?", "solution": str(i + 1)}) + "\n"
-                            for i in range(50)))
+    path.write_text(
+        "".join(
+            json.dumps({"question": f"What is {i}+1?", "solution": str(i + 1)}) + "\n"
+            for i in range(50)
+        )
+    )
     with pytest.raises(DataError) as e:
-        curate([SourceSpec.parse(str(path))], str(tmp_path / "k.parquet"), str(tmp_path / "r.parquet"))
+        curate(
+            [SourceSpec.parse(str(path))], str(tmp_path / "k.parquet"), str(tmp_path / "r.parquet")
+        )
     assert str(e.value).startswith(f"{path}: no column 'problem' or 'answer'")
-    assert "its columns: question, solution" in str(e.value) and f"'{path}:problem=<column>,answer=<column>'" in str(e.value)
-    report = curate([SourceSpec.parse(f"{path}:problem=question,answer=solution")], str(tmp_path / "k.parquet"),
-                    str(tmp_path / "r.parquet"))
+    assert "its columns: question, solution" in str(
+        e.value
+    ) and f"'{path}:problem=<column>,answer=<column>'" in str(e.value)
+    report = curate(
+        [SourceSpec.parse(f"{path}:problem=question,answer=solution")],
+        str(tmp_path / "k.parquet"),
+        str(tmp_path / "r.parquet"),
+    )
     assert report.kept == 50
     assert read_table(str(tmp_path / "k.parquet"), "problems").to_pylist()[1]["answer"] == "2"
     with pytest.raises(DataError, match="problem=, answer= and optionally id="):
@@ -106,10 +160,17 @@ def test_a_file_whose_columns_do_not_map_is_one_file_level_error_until_mapped(tm
 
 
 def test_a_problem_text_past_the_limit_is_rejected_as_too_long(tmp_path):
-    rows = [{"problem": "Compute 2+2. " + "x" * 1_000_000, "answer": "4"}, {"problem": "Compute 3+3.", "answer": "6"}]
+    rows = [
+        {"problem": "Compute 2+2. " + "x" * 1_000_000, "answer": "4"},
+        {"problem": "Compute 3+3.", "answer": "6"},
+    ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "p.parquet")
-    report = curate([SourceSpec(str(tmp_path / "p.parquet"))], str(tmp_path / "k.parquet"), str(tmp_path / "r.parquet"),
-                    cfg=CurationConfig(max_problem_chars=8000))
+    report = curate(
+        [SourceSpec(str(tmp_path / "p.parquet"))],
+        str(tmp_path / "k.parquet"),
+        str(tmp_path / "r.parquet"),
+        cfg=CurationConfig(max_problem_chars=8000),
+    )
     assert report.kept == 1 and report.dropped["too_long"] == 1
     (reject,) = read_table(str(tmp_path / "r.parquet"), "rejects").to_pylist()
     assert reject["reason"] == "too_long" and "1000013 characters (limit 8000)" in reject["detail"]
@@ -135,11 +196,16 @@ def test_files_that_are_not_what_they_claim(tmp_path):
 
 
 def test_hub_loading_path_reports_a_clear_error_offline(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as on this machine: no hub; fail fast instead of retrying
+    monkeypatch.setenv(
+        "HF_HUB_OFFLINE", "1"
+    )  # as on this machine: no hub; fail fast instead of retrying
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(DataError, match="no-such-org/no-such-dataset-rstar: not a local file"):
-        curate([SourceSpec("no-such-org/no-such-dataset-rstar")], str(tmp_path / "k.parquet"),
-               str(tmp_path / "r.parquet"))
+        curate(
+            [SourceSpec("no-such-org/no-such-dataset-rstar")],
+            str(tmp_path / "k.parquet"),
+            str(tmp_path / "r.parquet"),
+        )
 
 
 def test_normalised_text():
@@ -147,14 +213,29 @@ def test_normalised_text():
 
 
 def test_mining_keeps_problems_not_solved_every_time():
-    problems = [{"id": p, "problem": p, "answer": "1", "source": "t", "metadata": "{}"} for p in "abcd"]
-    rollouts = ([{"problem_id": "a", "reward": 1.0}] * 8 + [{"problem_id": "b", "reward": 1.0}] * 7
-                + [{"problem_id": "b", "reward": 0.0}] + [{"problem_id": "c", "reward": 1.0}] * 3
-                + [{"problem_id": "zz", "reward": 1.0}])
+    problems = [
+        {"id": p, "problem": p, "answer": "1", "source": "t", "metadata": "{}"} for p in "abcd"
+    ]
+    rollouts = (
+        [{"problem_id": "a", "reward": 1.0}] * 8
+        + [{"problem_id": "b", "reward": 1.0}] * 7
+        + [{"problem_id": "b", "reward": 0.0}]
+        + [{"problem_id": "c", "reward": 1.0}] * 3
+        + [{"problem_id": "zz", "reward": 1.0}]
+    )
     hard, report = mine_hard(problems, rollouts, k=8)
     assert [h["id"] for h in hard] == ["b", "c", "d"]
-    assert [(h["n_samples"], h["n_correct"], h["pass_rate"]) for h in hard] == [(8, 7, 0.875), (3, 3, 1.0), (0, 0, 0.0)]
-    assert (report.problems, report.kept, report.dropped_solved, report.undersampled) == (4, 3, 1, 2)
+    assert [(h["n_samples"], h["n_correct"], h["pass_rate"]) for h in hard] == [
+        (8, 7, 0.875),
+        (3, 3, 1.0),
+        (0, 0, 0.0),
+    ]
+    assert (report.problems, report.kept, report.dropped_solved, report.undersampled) == (
+        4,
+        3,
+        1,
+        2,
+    )
     assert report.mean_pass_rate == pytest.approx((1 + 0.875 + 1 + 0) / 4)
 
 
@@ -165,7 +246,9 @@ def test_generator_is_deterministic_and_varied():
     assert len({r["id"] for r in a}) == 130
     families = {json.loads(r["metadata"])["family"] for r in a}
     assert families == {f.name for f in synth.FAMILIES}
-    templates = {(json.loads(r["metadata"])["family"], json.loads(r["metadata"])["template"]) for r in a}
+    templates = {
+        (json.loads(r["metadata"])["family"], json.loads(r["metadata"])["template"]) for r in a
+    }
     assert len(templates) >= 2 * len(synth.FAMILIES)  # several phrasings per family are in use
 
 
@@ -193,13 +276,27 @@ def _independent_answer(meta: dict) -> int:
     if fam == "committee":
         return int(sympy.binomial(p["n"], p["k"]))
     if fam == "arrangements":
-        return int(sympy.multinomial_coefficients(len(set(p["word"])), len(p["word"]))[
-            tuple(p["word"].count(c) for c in sorted(set(p["word"])))])
+        return int(
+            sympy.multinomial_coefficients(len(set(p["word"])), len(p["word"]))[
+                tuple(p["word"].count(c) for c in sorted(set(p["word"])))
+            ]
+        )
     if fam == "linear_diophantine":
-        return sum(1 for x in range(p["n"] + 1) for y in range(p["n"] + 1) if p["a"] * x + p["b"] * y == p["n"])
+        return sum(
+            1
+            for x in range(p["n"] + 1)
+            for y in range(p["n"] + 1)
+            if p["a"] * x + p["b"] * y == p["n"]
+        )
     if fam == "bounded_sum":
         c = p["c"]
-        return sum(1 for x in range(c + 1) for y in range(c + 1) for z in range(c + 1) if x + y + z == p["n"])
+        return sum(
+            1
+            for x in range(c + 1)
+            for y in range(c + 1)
+            for z in range(c + 1)
+            if x + y + z == p["n"]
+        )
     raise AssertionError(fam)
 
 
@@ -216,11 +313,11 @@ def test_generator_answers_are_correct():
 def test_write_is_atomic_and_schemas_documented(tmp_path):
     path = str(tmp_path / "p.parquet")
     write_table(synth.generate(3), path, "problems")
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - any failure: the point is what it leaves behind
         write_table([{"id": None}], path, "problems")  # a failed write...
-    assert len(read_table(path, "problems")) == 3     # ...leaves the old file whole
+    assert len(read_table(path, "problems")) == 3  # ...leaves the old file whole
     assert [p.name for p in tmp_path.iterdir()] == ["p.parquet"]  # and no temporary behind
-    doc = open("docs/schemas.md").read()
+    doc = Path("docs/schemas.md").read_text()
     for name, sch in SCHEMAS.items():
         assert f"## {name}" in doc
         for field in sch.names:

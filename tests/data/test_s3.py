@@ -1,4 +1,5 @@
 """Parquet to and from S3 through s3fs, against a real S3 API on loopback (moto's server)."""
+
 import pytest
 
 from rstar.data import synth

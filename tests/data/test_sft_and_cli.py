@@ -1,5 +1,6 @@
 """SFT examples (form, not math; tool responses as the sandbox gives them), the real-data
 loader's errors, and the `rstar data` commands."""
+
 import json
 
 import pyarrow as pa
@@ -18,11 +19,20 @@ from rstar.sandbox.service import SandboxService
 def test_sft_examples_teach_the_format():
     rows = sft.generate(64, seed=1)
     assert rows == sft.generate(64, seed=1)
-    assert {r["task"] for r in rows} >= {"reverse", "count_letter", "error_recovery", "stdin", "instruction"}
+    assert {r["task"] for r in rows} >= {
+        "reverse",
+        "count_letter",
+        "error_recovery",
+        "stdin",
+        "instruction",
+    }
     for row in rows:
         msgs = json.loads(row["messages"])
         assert msgs[0]["role"] == "user" and msgs[-1]["role"] == "assistant"
-        assert msgs[-1]["content"].startswith("<reason>") and extract_answer(msgs[-1]["content"]) is not None
+        assert (
+            msgs[-1]["content"].startswith("<reason>")
+            and extract_answer(msgs[-1]["content"]) is not None
+        )
         for m, nxt in zip(msgs, msgs[1:]):
             if m.get("tool_calls"):  # every call is answered by the tool in the next message
                 assert nxt["role"] == "tool" and m["tool_calls"][0]["name"] == sft.TOOL
@@ -37,7 +47,9 @@ def test_arith_recover_fails_once_then_reads_back_the_fixed_call():
         tools = [m["content"] for m in msgs if m["role"] == "tool"]
         assert len(tools) == 2
         assert "Error" in tools[0].splitlines()[-1] and "Error" not in tools[1]
-        first, second = (m["tool_calls"][0]["arguments"]["code"] for m in msgs if m.get("tool_calls"))
+        first, second = (
+            m["tool_calls"][0]["arguments"]["code"] for m in msgs if m.get("tool_calls")
+        )
         assert first != second and second.startswith("print(")
         assert extract_answer(msgs[-1]["content"]) == tools[1].strip()
 
@@ -56,44 +68,94 @@ async def test_sft_tool_responses_match_the_real_sandbox():
         got = [(await sb.run(a["code"], a["input"])).tool_text() for a in calls]
     for g, e in zip(got, expected):
         if "Traceback" in e:  # same error, same lines; only the caret markup may differ by version
-            assert g.splitlines()[-1] == e.splitlines()[-1] and g.splitlines()[:3] == e.splitlines()[:3]
+            assert (
+                g.splitlines()[-1] == e.splitlines()[-1]
+                and g.splitlines()[:3] == e.splitlines()[:3]
+            )
         else:
             assert g == e
 
 
 def test_loading_real_sft_data(tmp_path):
-    good = {"messages": [
-        {"role": "user", "content": "2+2?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"type": "function", "function": {"name": "execute_python_code_with_standard_io",
-                                              "arguments": "{\"code\": \"print(2+2)\", \"input\": \"\"}"}}]},
-        {"role": "tool", "content": "4"},
-        {"role": "assistant", "content": "<answer>\\boxed{4}</answer>"}]}
+    good = {
+        "messages": [
+            {"role": "user", "content": "2+2?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "execute_python_code_with_standard_io",
+                            "arguments": '{"code": "print(2+2)", "input": ""}',
+                        },
+                    }
+                ],
+            },
+            {"role": "tool", "content": "4"},
+            {"role": "assistant", "content": "<answer>\\boxed{4}</answer>"},
+        ]
+    }
     path = tmp_path / "real.jsonl"
     path.write_text(json.dumps(good) + "\n")
     rows = sft.load_sft(str(path))
     msgs = json.loads(rows[0]["messages"])
-    assert msgs[1] == {"role": "assistant", "content": "",
-                       "tool_calls": [{"name": "execute_python_code_with_standard_io",
-                                       "arguments": {"code": "print(2+2)", "input": ""}}]}
-    pq.write_table(pa.Table.from_pylist([{"messages": json.dumps(good["messages"])}]), tmp_path / "real.parquet")
+    assert msgs[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "name": "execute_python_code_with_standard_io",
+                "arguments": {"code": "print(2+2)", "input": ""},
+            }
+        ],
+    }
+    pq.write_table(
+        pa.Table.from_pylist([{"messages": json.dumps(good["messages"])}]),
+        tmp_path / "real.parquet",
+    )
     assert sft.load_sft(str(tmp_path / "real.parquet"))[0]["messages"] == rows[0]["messages"]
 
 
-@pytest.mark.parametrize("messages,error", [
-    ([], "messages must be a non-empty list"),
-    ([{"role": "robot", "content": "x"}], "messages[0].role: 'robot'"),
-    ([{"role": "user", "content": 5}], "messages[0].content: must be a string"),
-    ([{"role": "user", "content": "x", "tool_calls": [{"name": "f"}]}], "messages[0].tool_calls: only assistant"),
-    ([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}],
-     "messages[0].tool_calls[0].arguments: not valid JSON"),
-    ([{"role": "user", "content": "hi"}], "no assistant message"),
-])
+@pytest.mark.parametrize(
+    "messages,error",
+    [
+        ([], "messages must be a non-empty list"),
+        ([{"role": "robot", "content": "x"}], "messages[0].role: 'robot'"),
+        ([{"role": "user", "content": 5}], "messages[0].content: must be a string"),
+        (
+            [{"role": "user", "content": "x", "tool_calls": [{"name": "f"}]}],
+            "messages[0].tool_calls: only assistant",
+        ),
+        (
+            [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}],
+                }
+            ],
+            "messages[0].tool_calls[0].arguments: not valid JSON",
+        ),
+        ([{"role": "user", "content": "hi"}], "no assistant message"),
+    ],
+)
 def test_bad_sft_rows_name_file_row_and_field(tmp_path, messages, error):
     path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps({"messages": [{"role": "user", "content": "ok"},
-                                             {"role": "assistant", "content": "ok"}]}) + "\n"
-                    + json.dumps({"messages": messages}) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "ok"},
+                    {"role": "assistant", "content": "ok"},
+                ]
+            }
+        )
+        + "\n"
+        + json.dumps({"messages": messages})
+        + "\n"
+    )
     with pytest.raises(DataError) as err:
         sft.load_sft(str(path))
     assert f"{path} row 1" in str(err.value) and error in str(err.value)
@@ -102,12 +164,27 @@ def test_bad_sft_rows_name_file_row_and_field(tmp_path, messages, error):
 def test_data_commands(tmp_path):
     runner = CliRunner()
     probs, evals = str(tmp_path / "p.parquet"), str(tmp_path / "eval.parquet")
-    r = runner.invoke(app, ["data", "synth", "--out", probs, "--n", "60", "--seed", "1", "--levels", "1"])
+    r = runner.invoke(
+        app, ["data", "synth", "--out", probs, "--n", "60", "--seed", "1", "--levels", "1"]
+    )
     assert r.exit_code == 0, r.output
     assert "wrote 60 problems" in r.output
-    runner.invoke(app, ["data", "synth", "--out", evals, "--n", "5", "--seed", "1", "--levels", "1"])
-    r = runner.invoke(app, ["data", "curate", "--source", probs, "--eval-set", evals,
-                            "--out", str(tmp_path / "c.parquet")])
+    runner.invoke(
+        app, ["data", "synth", "--out", evals, "--n", "5", "--seed", "1", "--levels", "1"]
+    )
+    r = runner.invoke(
+        app,
+        [
+            "data",
+            "curate",
+            "--source",
+            probs,
+            "--eval-set",
+            evals,
+            "--out",
+            str(tmp_path / "c.parquet"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     report = json.loads((tmp_path / "c.report.json").read_text())
     assert report["kept"] + sum(report["dropped"].values()) == 60
@@ -117,12 +194,30 @@ def test_data_commands(tmp_path):
     assert {r["row_id"] for r in rejected if r["reason"] == "contaminated"} >= {0, 1, 2, 3, 4}
     rollouts = tmp_path / "rollouts.jsonl"
     kept = read_table(str(tmp_path / "c.parquet"), "problems").to_pylist()
-    rollouts.write_text("".join(json.dumps({"problem_id": p["id"], "reward": float(i % 2)}) + "\n"
-                                for i, p in enumerate(kept) for _ in range(8)))
-    r = runner.invoke(app, ["data", "mine-hard", "--problems", str(tmp_path / "c.parquet"), "--rollouts",
-                            str(rollouts), "--out", str(tmp_path / "hard.parquet")])
+    rollouts.write_text(
+        "".join(
+            json.dumps({"problem_id": p["id"], "reward": float(i % 2)}) + "\n"
+            for i, p in enumerate(kept)
+            for _ in range(8)
+        )
+    )
+    r = runner.invoke(
+        app,
+        [
+            "data",
+            "mine-hard",
+            "--problems",
+            str(tmp_path / "c.parquet"),
+            "--rollouts",
+            str(rollouts),
+            "--out",
+            str(tmp_path / "hard.parquet"),
+        ],
+    )
     assert r.exit_code == 0, r.output
-    assert len(read_table(str(tmp_path / "hard.parquet"), "hard_problems")) == (len(kept) + 1) // 2  # the even-indexed ones failed
+    assert (
+        len(read_table(str(tmp_path / "hard.parquet"), "hard_problems")) == (len(kept) + 1) // 2
+    )  # the even-indexed ones failed
     r = runner.invoke(app, ["data", "sft", "--out", str(tmp_path / "s.parquet"), "--n", "16"])
     assert r.exit_code == 0 and "wrote 16 SFT examples" in r.output
 
@@ -165,20 +260,24 @@ def test_calc_operands_are_spread_so_none_can_be_memorised():
         operands.update(re.findall(r"\d+", code))
         bases.update(re.findall(r"(\d+)\*\*", code))
     assert operands.most_common(1)[0][1] < 0.06 * sum(operands.values())  # a one-digit value: ~4%
-    assert sum(bases.values()) > 50 and bases.most_common(1)[0][1] < 0.1 * sum(bases.values()), bases.most_common(3)
+    assert sum(bases.values()) > 50 and bases.most_common(1)[0][1] < 0.1 * sum(bases.values()), (
+        bases.most_common(3)
+    )
 
 
 def test_arithmetic_is_answered_with_the_tool_or_straight_away_in_the_listed_ratio():
     """arith_tool and arith_direct ask the same kind of question; the task list's ratio is how
     often the SFT model reaches for the tool unprompted. Both answers are right."""
-    rows = sft.generate(80, seed=4, tasks=["arith_tool", "arith_direct", "arith_direct", "arith_direct"])
+    rows = sft.generate(
+        80, seed=4, tasks=["arith_tool", "arith_direct", "arith_direct", "arith_direct"]
+    )
     assert [r["task"] for r in rows].count("arith_tool") == 20
     for r in rows:
         msgs = json.loads(r["messages"])
         assert msgs[0]["role"] == "user" and "python" not in msgs[0]["content"].lower()
         if r["task"] == "arith_tool":
             code = msgs[1]["tool_calls"][0]["arguments"]["code"]
-            value = eval(code.removeprefix("print(").removesuffix(")"))  # noqa: S307 - generated
+            value = eval(code.removeprefix("print(").removesuffix(")"))
             assert msgs[2]["content"].strip() == str(value) and len(msgs) == 4
         else:
             assert len(msgs) == 2 and "tool_calls" not in msgs[1]

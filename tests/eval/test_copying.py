@@ -1,5 +1,6 @@
 """The copying probes score exact copies 1 and near misses 0, through the real tokenizer and
 chat template; a real (untrained) model runs through them too."""
+
 import re
 
 import pytest
@@ -28,11 +29,16 @@ class ScriptedCopier:
             reply = f" {self._copy(a)} {self._copy(b)}."
         elif "<tool_response>" in text:
             value = re.findall(r"<tool_response>\n(\d+)", text)[-1]
-            reply = f"<reason>The tool printed it.</reason>\n<answer>\\boxed{{{self._copy(value)}}}</answer>"
+            boxed = f"\\boxed{{{self._copy(value)}}}"
+            reply = f"<reason>The tool printed it.</reason>\n<answer>{boxed}</answer>"
         else:
             a, b = re.search(r"evaluate (\d+)\*(\d+)", text).groups()
-            reply = f'<tool_call>\n{{"code": "print({self._copy(a)}*{self._copy(b)})"}}\n</tool_call>'
-        return torch.cat([ids, torch.tensor([self.tok(reply, add_special_tokens=False)["input_ids"]])], 1)
+            reply = (
+                f'<tool_call>\n{{"code": "print({self._copy(a)}*{self._copy(b)})"}}\n</tool_call>'
+            )
+        return torch.cat(
+            [ids, torch.tensor([self.tok(reply, add_special_tokens=False)["input_ids"]])], 1
+        )
 
 
 @pytest.mark.parametrize("slip, score", [(False, 1.0), (True, 0.0)])

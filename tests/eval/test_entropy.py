@@ -1,4 +1,5 @@
 """The entropy report on crafted rollouts: planted high-entropy tokens are found where planted."""
+
 from rstar.eval.entropy import analyze, compare
 
 
@@ -13,19 +14,33 @@ class WordTokenizer:
 
 def rollout(words, entropies, mask):
     v = WordTokenizer.VOCAB
-    return {"response_ids": [v.index(w) for w in words], "entropies": entropies, "response_mask": mask}
+    return {
+        "response_ids": [v.index(w) for w in words],
+        "entropies": entropies,
+        "response_mask": mask,
+    }
 
 
 def test_forking_and_reflection_tokens():
     tok = WordTokenizer()
     # "but" is uncertain anywhere; "fix" is uncertain right after a tool response
-    r1 = rollout(["the", "answer", "but", "is", "the", "answer", "but", "so", "the", "answer"],
-                 [0.1, 0.1, 2.0, 0.1, 0.1, 0.1, 2.1, 0.2, 0.1, 0.1], [1] * 10)
-    r2 = rollout(["so", "<tool>", "error", "fix", "check", "the", "answer", "is", "so", "the"],
-                 [0.1, 0.0, 0.0, 1.9, 0.3, 0.1, 0.1, 0.1, 0.1, 0.1], [1, 0, 0, 1, 1, 1, 1, 1, 1, 1])
+    r1 = rollout(
+        ["the", "answer", "but", "is", "the", "answer", "but", "so", "the", "answer"],
+        [0.1, 0.1, 2.0, 0.1, 0.1, 0.1, 2.1, 0.2, 0.1, 0.1],
+        [1] * 10,
+    )
+    r2 = rollout(
+        ["so", "<tool>", "error", "fix", "check", "the", "answer", "is", "so", "the"],
+        [0.1, 0.0, 0.0, 1.9, 0.3, 0.1, 0.1, 0.1, 0.1, 0.1],
+        [1, 0, 0, 1, 1, 1, 1, 1, 1, 1],
+    )
     rep = analyze([r1, r2], tok, quantile=0.8, window=3)
     assert rep.model_tokens == 18
-    assert dict(rep.forking) == {"but": 2, "fix": 1, "check": 1}  # the top 20% of 18 entropies: >= 0.3
+    assert dict(rep.forking) == {
+        "but": 2,
+        "fix": 1,
+        "check": 1,
+    }  # the top 20% of 18 entropies: >= 0.3
     assert rep.reflection == [("fix", 1), ("check", 1)]  # within 3 tokens after the tool response
     assert rep.after_tool_tokens == 3
     assert any("answer but is" in c for c in rep.examples["but"])

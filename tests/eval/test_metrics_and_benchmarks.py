@@ -1,5 +1,6 @@
 """Metric arithmetic on crafted results; benchmark loaders on small files in each public
 layout; GPQA shuffling and letter extraction."""
+
 import json
 import math
 
@@ -13,7 +14,9 @@ from rstar.eval.metrics import avg_pass_at_1, majority_vote, pass_at_k
 from rstar.reward import verify
 
 
-@pytest.mark.parametrize("n,c,k", [(16, 0, 1), (16, 3, 1), (16, 3, 4), (16, 16, 8), (10, 5, 10), (5, 1, 2)])
+@pytest.mark.parametrize(
+    "n,c,k", [(16, 0, 1), (16, 3, 1), (16, 3, 4), (16, 16, 8), (10, 5, 10), (5, 1, 2)]
+)
 def test_pass_at_k_is_the_unbiased_estimator(n, c, k):
     expected = 1 - math.comb(n - c, k) / math.comb(n, k)
     assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
@@ -42,16 +45,44 @@ def write_jsonl(path, rows):
 
 def test_loaders_read_each_public_layout(tmp_path):
     files = {
-        "aime24": write_jsonl(tmp_path / "aime24.jsonl", [{"id": 60, "problem": "Find x.", "answer": "204",
-                                                           "solution": "..."}]),
-        "aime25": write_jsonl(tmp_path / "aime25.jsonl", [{"question": "How many?", "answer": "70"}]),
-        "hmmt25": write_jsonl(tmp_path / "hmmt.jsonl", [{"problem_idx": 3, "problem": "Compute.", "answer": "\\frac{1}{2}"}]),
-        "gpqa_diamond": write_jsonl(tmp_path / "gpqa.jsonl", [{
-            "Record ID": "rec1", "Question": "Which?", "Correct Answer": "right", "Incorrect Answer 1": "w1",
-            "Incorrect Answer 2": "w2", "Incorrect Answer 3": "w3"}]),
+        "aime24": write_jsonl(
+            tmp_path / "aime24.jsonl",
+            [{"id": 60, "problem": "Find x.", "answer": "204", "solution": "..."}],
+        ),
+        "aime25": write_jsonl(
+            tmp_path / "aime25.jsonl", [{"question": "How many?", "answer": "70"}]
+        ),
+        "hmmt25": write_jsonl(
+            tmp_path / "hmmt.jsonl",
+            [{"problem_idx": 3, "problem": "Compute.", "answer": "\\frac{1}{2}"}],
+        ),
+        "gpqa_diamond": write_jsonl(
+            tmp_path / "gpqa.jsonl",
+            [
+                {
+                    "Record ID": "rec1",
+                    "Question": "Which?",
+                    "Correct Answer": "right",
+                    "Incorrect Answer 1": "w1",
+                    "Incorrect Answer 2": "w2",
+                    "Incorrect Answer 3": "w3",
+                }
+            ],
+        ),
     }
-    pq.write_table(pa.Table.from_pylist([{"problem": "Simplify.", "answer": "\\sqrt{2}", "unique_id": "test/x.json",
-                                          "level": 3}]), tmp_path / "math500.parquet")
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {
+                    "problem": "Simplify.",
+                    "answer": "\\sqrt{2}",
+                    "unique_id": "test/x.json",
+                    "level": 3,
+                }
+            ]
+        ),
+        tmp_path / "math500.parquet",
+    )
     files["math500"] = str(tmp_path / "math500.parquet")
     assert set(files) == set(BENCHMARKS)
     loaded = {name: load_benchmark(name, path) for name, path in files.items()}
@@ -59,7 +90,12 @@ def test_loaders_read_each_public_layout(tmp_path):
     assert loaded["aime25"][0]["problem"] == "How many?" and loaded["aime25"][0]["id"] == "aime25-0"
     assert loaded["hmmt25"][0]["answer"] == "\\frac{1}{2}"
     assert loaded["math500"][0]["id"] == "math500-test/x.json"
-    assert json.loads(loaded["gpqa_diamond"][0]["metadata"])["choices"] == ["right", "w1", "w2", "w3"]
+    assert json.loads(loaded["gpqa_diamond"][0]["metadata"])["choices"] == [
+        "right",
+        "w1",
+        "w2",
+        "w3",
+    ]
     with pytest.raises(DataError, match="row 0: needs 'question'"):
         load_benchmark("aime25", files["aime24"])  # the wrong layout names the missing column
     with pytest.raises(DataError, match="unknown benchmark"):
@@ -67,27 +103,57 @@ def test_loaders_read_each_public_layout(tmp_path):
 
 
 def test_gpqa_shuffling_and_letters(tmp_path):
-    path = write_jsonl(tmp_path / "g.jsonl", [{"Record ID": "r", "Question": "Q?", "Correct Answer": "yes",
-                                               "Incorrect Answer 1": "a", "Incorrect Answer 2": "b",
-                                               "Incorrect Answer 3": "c"}])
+    path = write_jsonl(
+        tmp_path / "g.jsonl",
+        [
+            {
+                "Record ID": "r",
+                "Question": "Q?",
+                "Correct Answer": "yes",
+                "Incorrect Answer 1": "a",
+                "Incorrect Answer 2": "b",
+                "Incorrect Answer 3": "c",
+            }
+        ],
+    )
     problem = load_benchmark("gpqa_diamond", path)[0]
     prompts = [shuffled_choice_prompt(problem, i, seed=1) for i in range(16)]
     assert prompts == [shuffled_choice_prompt(problem, i, seed=1) for i in range(16)]  # fixed seed
     assert len({letter for _, letter in prompts}) > 1  # the correct option moves between samples
     for text, letter in prompts:
         assert f"({letter}) yes" in text
-    assert [extract_letter(a) for a in ("B", "(C)", "D.", "A) yes", "\\text{B}", "E", "BC", None, "the answer")] \
-        == ["B", "C", "D", "A", "B", None, None, None, None]
+    assert [
+        extract_letter(a)
+        for a in ("B", "(C)", "D.", "A) yes", "\\text{B}", "E", "BC", None, "the answer")
+    ] == ["B", "C", "D", "A", "B", None, None, None, None]
 
 
 def test_the_report_leads_with_one_overall_score_per_checkpoint_with_its_interval():
     from rstar.eval.run import markdown_table, overall_accuracy, overall_interval
 
-    summaries = {"sft": {"a": {"questions": 40, "samples": 160, "avg_pass@1": 0.25, "avg_pass@1_se": 0.05,
-                               "pass@4": 0.5, "response_len_mean": 80},
-                         "b": {"questions": 20, "samples": 80, "avg_pass@1": 0.10, "avg_pass@1_se": 0.04,
-                               "pass@4": 0.2, "response_len_mean": 70}}}
-    assert overall_accuracy(summaries["sft"]) == pytest.approx(0.2)  # questions weigh the same: (40*.25+20*.1)/60
+    summaries = {
+        "sft": {
+            "a": {
+                "questions": 40,
+                "samples": 160,
+                "avg_pass@1": 0.25,
+                "avg_pass@1_se": 0.05,
+                "pass@4": 0.5,
+                "response_len_mean": 80,
+            },
+            "b": {
+                "questions": 20,
+                "samples": 80,
+                "avg_pass@1": 0.10,
+                "avg_pass@1_se": 0.04,
+                "pass@4": 0.2,
+                "response_len_mean": 70,
+            },
+        }
+    }
+    assert overall_accuracy(summaries["sft"]) == pytest.approx(
+        0.2
+    )  # questions weigh the same: (40*.25+20*.1)/60
     lo, hi = overall_interval(summaries["sft"])
     se = ((40 / 60 * 0.05) ** 2 + (20 / 60 * 0.04) ** 2) ** 0.5
     assert (lo, hi) == (pytest.approx(0.2 - 1.96 * se), pytest.approx(0.2 + 1.96 * se))

@@ -2,6 +2,7 @@
 unknown fields rejected) with kubernetes-validate; the RayCluster's pod templates as the pod
 templates they are (no KubeRay schema ships offline, so its own fields are checked by name);
 the compose file's references."""
+
 import os
 
 import pytest
@@ -21,30 +22,57 @@ def docs(name: str) -> list[dict]:
 def test_the_sandbox_service_objects_pass_the_kubernetes_schema():
     objects = docs("sandbox.yaml")
     assert {(o["kind"], o["metadata"]["name"]) for o in objects} >= {
-        ("Deployment", "sandbox-head"), ("Deployment", "sandbox-worker"), ("Service", "sandbox-head"),
-        ("NetworkPolicy", "sandbox-callers")}
+        ("Deployment", "sandbox-head"),
+        ("Deployment", "sandbox-worker"),
+        ("Service", "sandbox-head"),
+        ("NetworkPolicy", "sandbox-callers"),
+    }
     for o in objects:
         kv.validate(o, K8S, strict=True)
     service = next(o for o in objects if o["kind"] == "Service")
-    head = next(o for o in objects if o["metadata"]["name"] == "sandbox-head" and o["kind"] == "Deployment")
-    assert service["spec"]["selector"] == head["spec"]["template"]["metadata"]["labels"]  # the Service finds the head
+    head = next(
+        o for o in objects if o["metadata"]["name"] == "sandbox-head" and o["kind"] == "Deployment"
+    )
+    assert (
+        service["spec"]["selector"] == head["spec"]["template"]["metadata"]["labels"]
+    )  # the Service finds the head
     # the recipes' sandbox_url names this Service and port
     with open(os.path.join(CLUSTER, "..", "..", "configs", "qwen3-14b.yaml")) as f:
-        assert yaml.safe_load(f)["sandbox_url"] == f"http://sandbox-head:{service['spec']['ports'][0]['port']}"
+        assert (
+            yaml.safe_load(f)["sandbox_url"]
+            == f"http://sandbox-head:{service['spec']['ports'][0]['port']}"
+        )
 
 
 def test_the_rayclusters_pod_templates_are_valid_pod_templates():
     (cluster,) = docs("raycluster.yaml")
-    assert cluster["kind"] == "RayCluster" and set(cluster["spec"]) <= {"rayVersion", "headGroupSpec", "workerGroupSpecs"}
+    assert cluster["kind"] == "RayCluster" and set(cluster["spec"]) <= {
+        "rayVersion",
+        "headGroupSpec",
+        "workerGroupSpecs",
+    }
     groups = [cluster["spec"]["headGroupSpec"], *cluster["spec"]["workerGroupSpecs"]]
     for group in groups:
-        kv.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "check"},
-                     "template": group["template"]}, K8S, strict=True)
-    gpus = [g["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu", 0)
-            for g in cluster["spec"]["workerGroupSpecs"]]
+        kv.validate(
+            {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": "check"},
+                "template": group["template"],
+            },
+            K8S,
+            strict=True,
+        )
+    gpus = [
+        g["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu", 0)
+        for g in cluster["spec"]["workerGroupSpecs"]
+    ]
     with open(os.path.join(CLUSTER, "..", "..", "configs", "qwen3-14b.yaml")) as f:
         resources = yaml.safe_load(f)["resources"]
-    assert gpus == [resources["gpus"]] and cluster["spec"]["workerGroupSpecs"][0]["replicas"] == resources["nodes"]
+    assert (
+        gpus == [resources["gpus"]]
+        and cluster["spec"]["workerGroupSpecs"][0]["replicas"] == resources["nodes"]
+    )
 
 
 def test_the_compose_files_references_resolve():
@@ -56,7 +84,9 @@ def test_the_compose_files_references_resolve():
         for volume in svc.get("volumes", []):
             source = volume.split(":")[0]
             if not source.startswith((".", "/")):
-                assert source in compose.get("volumes", {}), f"{name} mounts undeclared volume {source}"
+                assert source in compose.get("volumes", {}), (
+                    f"{name} mounts undeclared volume {source}"
+                )
 
 
 def test_every_ray_pod_keeps_stage_files_on_the_shared_volume():
@@ -66,10 +96,14 @@ def test_every_ray_pod_keeps_stage_files_on_the_shared_volume():
     (cluster,) = docs("raycluster.yaml")
     for group in [cluster["spec"]["headGroupSpec"], *cluster["spec"]["workerGroupSpecs"]]:
         pod = group["template"]["spec"]
-        volume = next(v["name"] for v in pod["volumes"]
-                      if v.get("persistentVolumeClaim", {}).get("claimName") == claim["metadata"]["name"])
+        volume = next(
+            v["name"]
+            for v in pod["volumes"]
+            if v.get("persistentVolumeClaim", {}).get("claimName") == claim["metadata"]["name"]
+        )
         container = pod["containers"][0]
         mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == volume)
         env = {e["name"]: e["value"] for e in container["env"]}
-        # model mirrors, verl's files and checkpoints (rstar.storage.dirs.local_dir) and the hub cache
+        # model mirrors, verl's files and checkpoints (rstar.storage.dirs.local_dir) and the hub
+        # cache
         assert env["RSTAR_CACHE"].startswith(mount + "/") and env["HF_HOME"].startswith(mount + "/")

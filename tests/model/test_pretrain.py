@@ -4,7 +4,16 @@ and a loss that actually falls."""
 import re
 
 from rstar.data import synth
-from rstar.model.pretrain import CONTEXT, END_CONTEXT, PretrainConfig, TextSource, document, encode, packed_batch, pretrain
+from rstar.model.pretrain import (
+    CONTEXT,
+    END_CONTEXT,
+    PretrainConfig,
+    TextSource,
+    document,
+    encode,
+    packed_batch,
+    pretrain,
+)
 from rstar.model.tiny import build_model
 
 
@@ -23,12 +32,21 @@ def test_filler_trains_the_whole_vocabulary(tokenizer):
     """Rows the corpus never uses keep their random initialisation, and those derailed the
     tiny model's copying in every chat that contained them."""
     rows, _ = packed_batch(TextSource(0, tokenizer), tokenizer, rows=200, seq_len=192)
-    words = {i for i in range(len(tokenizer)) if i not in tokenizer.all_special_ids
-             and tokenizer.decode([i]).strip() and not tokenizer.decode([i]).strip().isdigit()}
+    words = {
+        i
+        for i in range(len(tokenizer))
+        if i not in tokenizer.all_special_ids
+        and tokenizer.decode([i]).strip()
+        and not tokenizer.decode([i]).strip().isdigit()
+    }
     seen = set(rows.flatten().tolist())
-    assert len(words & seen) > 0.7 * len(words)   # a piece that only occurs inside words may not
-    without = set(packed_batch(TextSource(0), tokenizer, rows=200, seq_len=192)[0].flatten().tolist())
-    assert len(words & without) < 0.5 * len(words)   # the fixed filler list alone leaves most untrained
+    assert len(words & seen) > 0.7 * len(words)  # a piece that only occurs inside words may not
+    without = set(
+        packed_batch(TextSource(0), tokenizer, rows=200, seq_len=192)[0].flatten().tolist()
+    )
+    assert len(words & without) < 0.5 * len(
+        words
+    )  # the fixed filler list alone leaves most untrained
 
 
 def test_copy_drills_vary_what_surrounds_the_copy():
@@ -39,11 +57,21 @@ def test_copy_drills_vary_what_surrounds_the_copy():
     assert any(d.startswith("<|im_start|>system") for d in chats)
     assert any(d.startswith("<|im_start|>user") for d in chats)
     assert any('{"' in d.split("<|im_start|>assistant")[-1] for d in chats)
-    assert sum(d.count("<|im_start|>user") >= 2 for d in chats) > 100   # earlier exchanges, tool-like output turns
-    for d in chats:  # what the assistant writes after "print(" was said by the user first, in some notation
+    assert (
+        sum(d.count("<|im_start|>user") >= 2 for d in chats) > 100
+    )  # earlier exchanges, tool-like output turns
+    for d in (
+        chats
+    ):  # what the assistant writes after "print(" was said by the user first, in some notation
         if "print(" in d and "pow(" not in d:
-            numbers = d.split("print(")[1].split(")")[0].replace("**", "*").replace("+", "*").replace("%", "*")
-            user = d[:d.index("print(")]
+            numbers = (
+                d.split("print(")[1]
+                .split(")")[0]
+                .replace("**", "*")
+                .replace("+", "*")
+                .replace("%", "*")
+            )
+            user = d[: d.index("print(")]
             assert all(n in user for n in numbers.split("*")), d
 
 
@@ -55,7 +83,9 @@ def test_packed_rows_are_full_and_made_of_whole_documents(tokenizer):
     while len(expected) < 48:
         text = document(rng).replace(CONTEXT, "").replace(END_CONTEXT, "")
         expected += tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-    assert rows[0].tolist() == expected[:48]  # whole documents in order, each ended by EOS, cut at the end
+    assert (
+        rows[0].tolist() == expected[:48]
+    )  # whole documents in order, each ended by EOS, cut at the end
 
 
 def test_what_cannot_be_predicted_is_context_never_a_target(tokenizer):
@@ -69,17 +99,24 @@ def test_what_cannot_be_predicted_is_context_never_a_target(tokenizer):
         ids, labels = encode(tokenizer, text)
         clean = text.replace(CONTEXT, "").replace(END_CONTEXT, "")
         context = "".join(part.split(END_CONTEXT)[0] for part in text.split(CONTEXT)[1:])
-        offsets = tokenizer(clean, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        offsets = tokenizer(clean, add_special_tokens=False, return_offsets_mapping=True)[
+            "offset_mapping"
+        ]
         for i, label in zip(ids, labels):
             assert label in (-100, i)
             assert label == i or tokenizer.decode([i]).strip() in context
             masked, kept = masked + (label == -100), kept + (label == i)
         for number in re.finditer(r"\d+", clean):
-            targets = [label != -100 for (start, end), label in zip(offsets, labels)
-                       if start < number.end() and end > number.start()]
+            targets = [
+                label != -100
+                for (start, end), label in zip(offsets, labels)
+                if start < number.end() and end > number.start()
+            ]
             if any(targets):
                 copied += 1
-                assert all(targets) and re.search(rf"(?<!\d){number[0]}(?!\d)", clean[:number.start()]), clean
+                assert all(targets) and re.search(
+                    rf"(?<!\d){number[0]}(?!\d)", clean[: number.start()]
+                ), clean
             else:
                 given += 1
     assert copied > 0.3 * (copied + given) and given > 0.3 * (copied + given)
@@ -88,6 +125,10 @@ def test_what_cannot_be_predicted_is_context_never_a_target(tokenizer):
 
 def test_pretraining_lowers_the_loss(tokenizer):
     model = build_model(tokenizer, hidden=32, layers=1, intermediate=64)
-    history = pretrain(model, tokenizer, PretrainConfig(steps=40, batch_size=8, seq_len=64, lr=3e-3, warmup_steps=5))
+    history = pretrain(
+        model,
+        tokenizer,
+        PretrainConfig(steps=40, batch_size=8, seq_len=64, lr=3e-3, warmup_steps=5),
+    )
     first, last = sum(h["loss"] for h in history[:5]) / 5, sum(h["loss"] for h in history[-5:]) / 5
     assert last < first - 1.0

@@ -1,12 +1,19 @@
 """The shipped tiny base: built by `rstar model build-base`, used only when its manifest matches
 the recipe and its files their digest, and the one in models/ intact."""
+
 import json
 import os
 import shutil
 
 import pytest
 
-from rstar.model.shipped import MANIFEST, ShippedBaseError, check_shipped, pretrain_base, write_shipped
+from rstar.model.shipped import (
+    MANIFEST,
+    ShippedBaseError,
+    check_shipped,
+    pretrain_base,
+    write_shipped,
+)
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.layout import Layout
 from rstar.pipeline.records import StageInputs
@@ -14,17 +21,31 @@ from rstar.pipeline.stages import base
 from rstar.tracking.digest import digest
 from rstar.tracking.mlflow_log import NullLog
 
-SMALL_BASE = {"base.hidden": 32, "base.layers": 1, "base.pretrain_steps": 2, "base.pretrain_batch": 2,
-              "base.pretrain_seq_len": 32}
+SMALL_BASE = {
+    "base.hidden": 32,
+    "base.layers": 1,
+    "base.pretrain_steps": 2,
+    "base.pretrain_batch": 2,
+    "base.pretrain_seq_len": 32,
+}
 
 
 @pytest.fixture(scope="module")
 def small_shipped(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("shipped") / "base")
-    recipe = load_recipe("configs/tiny.yaml", {**SMALL_BASE, "base.shipped": out}, check_inputs=False)
+    recipe = load_recipe(
+        "configs/tiny.yaml", {**SMALL_BASE, "base.shipped": out}, check_inputs=False
+    )
     model, tok, history = pretrain_base(recipe.base)
-    write_shipped(model, tok, recipe.base, out, seconds=1.0, metrics={"pretrain_loss": history[-1]["loss"]},
-                  rebuild="rstar model build-base --config configs/tiny.yaml")
+    write_shipped(
+        model,
+        tok,
+        recipe.base,
+        out,
+        seconds=1.0,
+        metrics={"pretrain_loss": history[-1]["loss"]},
+        rebuild="rstar model build-base --config configs/tiny.yaml",
+    )
     return recipe, out
 
 
@@ -49,7 +70,9 @@ def test_an_altered_base_is_refused(small_shipped, tmp_path):
 
 def test_a_base_built_from_another_recipe_is_refused(small_shipped):
     recipe, out = small_shipped
-    other = load_recipe("configs/tiny.yaml", {**SMALL_BASE, "base.pretrain_steps": 5}, check_inputs=False)
+    other = load_recipe(
+        "configs/tiny.yaml", {**SMALL_BASE, "base.pretrain_steps": 5}, check_inputs=False
+    )
     with pytest.raises(ShippedBaseError, match="pretrain_steps: built with 2, recipe says 5"):
         check_shipped(out, other.base)
     with pytest.raises(ShippedBaseError, match="holds no MANIFEST.json"):

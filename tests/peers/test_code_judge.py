@@ -1,5 +1,6 @@
 """The sandbox comparison through code-judge's API: the client and report against this project's
 service; code-judge itself when a checkout is named (RSTAR_CODE_JUDGE) and Redis is installed."""
+
 import os
 import shutil
 
@@ -28,8 +29,10 @@ def test_a_directory_that_is_not_a_code_judge_checkout_is_named(tmp_path):
             pass
 
 
-@pytest.mark.skipif(not os.environ.get("RSTAR_CODE_JUDGE") or shutil.which("redis-server") is None,
-                    reason="needs a code-judge checkout (RSTAR_CODE_JUDGE) and redis-server")
+@pytest.mark.skipif(
+    not os.environ.get("RSTAR_CODE_JUDGE") or shutil.which("redis-server") is None,
+    reason="needs a code-judge checkout (RSTAR_CODE_JUDGE) and redis-server",
+)
 def test_code_judge_runs_the_same_calls():
     results = code_judge.compare(os.environ["RSTAR_CODE_JUDGE"], trivial=100, sympy=4, single=5)
     assert results[1].system.startswith("code-judge") and results[1].trivial_per_s > 0

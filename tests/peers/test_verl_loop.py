@@ -1,5 +1,6 @@
 """verl's ToolAgentLoop and this project's agent loop over one engine and one sandbox: with
 greedy decoding they record the same response token ids and loss masks."""
+
 import asyncio
 
 from rstar.agent.loop import LoopConfig

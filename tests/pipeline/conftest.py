@@ -2,6 +2,7 @@
 
 The recipe keeps every stage and every mechanism of configs/tiny.yaml (pretraining, SFT,
 three RL stages with RoC, mining, evaluation) at sizes that run in about a minute here."""
+
 import os
 
 import pytest
@@ -9,20 +10,34 @@ import yaml
 
 from rstar.environment import apply_defaults
 
-apply_defaults()  # the Prefect/Ray environment defaults, before Prefect loads, as every entry point sets them
+# the Prefect/Ray environment defaults, before Prefect loads, as every entry point sets them
+apply_defaults()
 
 SMALL = {
     "base.shipped": None,  # the shipped base is of tiny.yaml's size: pretrain a small one
-    "base.hidden": 32, "base.layers": 1, "base.pretrain_steps": 3, "base.pretrain_batch": 4, "base.pretrain_seq_len": 32,
-    "train_problems.synthetic.n": 12, "eval_problems.synthetic.n": 3,
-    "sft.examples": 8, "sft.train.batch_size": 4, "sft.train.micro_batch_size": 4,
-    "rl.0.steps": 3, "rl.1.steps": 1, "rl.2.steps": 1,
+    "base.hidden": 32,
+    "base.layers": 1,
+    "base.pretrain_steps": 3,
+    "base.pretrain_batch": 4,
+    "base.pretrain_seq_len": 32,
+    "train_problems.synthetic.n": 12,
+    "eval_problems.synthetic.n": 3,
+    "sft.examples": 8,
+    "sft.train.batch_size": 4,
+    "sft.train.micro_batch_size": 4,
+    "rl.0.steps": 3,
+    "rl.1.steps": 1,
+    "rl.2.steps": 1,
     **{f"rl.{i}.prompts_per_step": 2 for i in range(3)},
     **{f"rl.{i}.roc.group_size": 2 for i in range(3)},
     **{f"rl.{i}.max_response_tokens": 24 for i in range(3)},
-    "mine.k": 2, "mine.problems": 4, "mine.max_response_tokens": 24,
-    "eval.k": 1, "eval.max_response_tokens": 24,
-    "retries.count": 2, "retries.delay_s": 0,
+    "mine.k": 2,
+    "mine.problems": 4,
+    "mine.max_response_tokens": 24,
+    "eval.k": 1,
+    "eval.max_response_tokens": 24,
+    "retries.count": 2,
+    "retries.delay_s": 0,
 }
 
 
@@ -30,9 +45,16 @@ def write_recipe(directory, name: str, storage_root: str) -> str:
     """A recipe file: configs/tiny.yaml with SMALL applied, its own storage and MLflow store."""
     from rstar.pipeline.config import load_recipe
 
-    recipe = load_recipe("configs/tiny.yaml", {**SMALL, "name": name, "storage_root": storage_root,
-                                               "tracking.tracking_uri": f"sqlite:///{directory}/mlflow.db",
-                                               "tracking.registered_model": f"rstar-{name}"})
+    recipe = load_recipe(
+        "configs/tiny.yaml",
+        {
+            **SMALL,
+            "name": name,
+            "storage_root": storage_root,
+            "tracking.tracking_uri": f"sqlite:///{directory}/mlflow.db",
+            "tracking.registered_model": f"rstar-{name}",
+        },
+    )
     path = os.path.join(directory, f"{name}.yaml")
     with open(path, "w") as f:
         yaml.safe_dump(recipe.model_dump(mode="json"), f)

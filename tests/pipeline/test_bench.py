@@ -1,12 +1,25 @@
 """The recipe benchmark's arithmetic and its ablation plot."""
-from rstar.pipeline.bench import ablation_table, end_window, per_step, plot_ablation, pooled_error_rate
+
 from rstar.eval.run import overall_accuracy
+from rstar.pipeline.bench import (
+    ablation_table,
+    end_window,
+    per_step,
+    plot_ablation,
+    pooled_error_rate,
+)
 
 
 def _step(step, calls, errors, accuracy=0.5, kept_calls=0, kept_errors=0):
-    return {"step": step, "accuracy": accuracy, "tool_calls_positive": calls, "tool_errors_positive": errors,
-            "tool_error_rate_positive": errors / calls if calls else 0.0,
-            "tool_calls_positive_kept": kept_calls, "tool_errors_positive_kept": kept_errors}
+    return {
+        "step": step,
+        "accuracy": accuracy,
+        "tool_calls_positive": calls,
+        "tool_errors_positive": errors,
+        "tool_error_rate_positive": errors / calls if calls else 0.0,
+        "tool_calls_positive_kept": kept_calls,
+        "tool_errors_positive_kept": kept_errors,
+    }
 
 
 def test_accuracy_weights_benchmarks_by_questions():
@@ -23,7 +36,10 @@ def test_error_rates_pool_calls_not_step_rates():
 
 
 def test_per_step_pools_seeds():
-    runs = {0: [_step(1, 10, 1, 0.2), _step(2, 10, 0, 0.4)], 1: [_step(1, 30, 0, 0.4), _step(2, 10, 2, 0.6)]}
+    runs = {
+        0: [_step(1, 10, 1, 0.2), _step(2, 10, 0, 0.4)],
+        1: [_step(1, 30, 0, 0.4), _step(2, 10, 2, 0.6)],
+    }
     (s1, e1, a1), (s2, e2, a2) = per_step(runs)
     assert (s1, s2) == (1, 2)
     assert e1 == 1 / 40 and e2 == 2 / 20
@@ -36,14 +52,19 @@ def test_ablation_table_compares_the_end_windows_pooled_over_seeds():
     grpo = {0: [_step(1, 10, 0), _step(2, 10, 0)], 1: [_step(1, 10, 0), _step(2, 10, 1)]}
     rows, met = ablation_table({"roc": roc, "grpo": grpo}, window=1)
     assert met
-    assert rows[2].startswith("| roc | 0.000 | 0.000, 0.000 | 0.000 | 0.250 |")  # whole stage: 10 in 40
+    assert rows[2].startswith(
+        "| roc | 0.000 | 0.000, 0.000 | 0.000 | 0.250 |"
+    )  # whole stage: 10 in 40
     assert rows[3].startswith("| grpo | 0.050 | 0.000, 0.100 | 0.000 | 0.025 |")
     _, met_whole_stage = ablation_table({"roc": roc, "grpo": grpo}, window=2)
     assert not met_whole_stage  # over both steps RoC had more (10 in 40 against 1 in 40)
 
 
 def test_ablation_plot_is_a_png(tmp_path):
-    hist = {m: {seed: [_step(s, 10, 5 // s, 0.1 * s) for s in (1, 2, 3)] for seed in (0, 1)} for m in ("roc", "grpo")}
+    hist = {
+        m: {seed: [_step(s, 10, 5 // s, 0.1 * s) for s in (1, 2, 3)] for seed in (0, 1)}
+        for m in ("roc", "grpo")
+    }
     path = tmp_path / "ablation.png"
     plot_ablation(hist, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

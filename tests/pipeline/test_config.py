@@ -1,4 +1,7 @@
 """Recipe validation: one clear error naming the file and the key or path, before any stage."""
+
+from pathlib import Path
+
 import pytest
 
 from rstar.pipeline.config import ConfigError, load_recipe
@@ -10,24 +13,39 @@ TINY = "configs/tiny.yaml"
 def test_tiny_recipe_loads_with_the_trainers_dataclasses():
     recipe = load_recipe(TINY)
     assert [s.name for s in recipe.rl] == ["rl1", "rl2", "rl3"]
-    assert [s.max_response_tokens for s in recipe.rl] == [256, 384, 384]  # the paper's 8K/12K/12K, scaled
+    assert [s.max_response_tokens for s in recipe.rl] == [
+        256,
+        384,
+        384,
+    ]  # the paper's 8K/12K/12K, scaled
     assert recipe.rl[2].reset_optimizer and not recipe.rl[0].reset_optimizer
     assert recipe.mine.after == "rl2"
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"rl.1.max_turnz": 3}, r"tiny.yaml: rl\.1\.max_turnz: unknown key"),
-    ({"sft.train.epochs": "many"}, r"sft\.train\.epochs: Input should be a valid integer"),
-    ({"rl.0.roc.group_sise": 2}, r"rl\.0\.roc\.group_sise: unknown key"),
-    ({"storage_roots": "x"}, r"storage_roots: unknown key"),
-    ({"train_problems": {"files": ["/no/such/problems.parquet"]}},
-     r"train_problems\.files\.0: /no/such/problems\.parquet does not exist"),
-    ({"train_problems": {"files": ["/no/such/dapo.parquet:dapo"]}}, r"/no/such/dapo\.parquet does not exist"),
-    ({"mine.after": "rl3"}, r"mine\.after must name an RL stage before the last"),
-    ({"rl.1.mini_batches": 3}, r"rl stage rl2: mini_batches \(3\) must divide prompts_per_step \(8\)"),
-    ({"train_problems.synthetic.families": ["nope"]}, r"unknown families \['nope'\]"),
-    ({"prompt_style": "fancy"}, r"prompt_style: Input should be 'paper' or 'compact'"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"rl.1.max_turnz": 3}, r"tiny.yaml: rl\.1\.max_turnz: unknown key"),
+        ({"sft.train.epochs": "many"}, r"sft\.train\.epochs: Input should be a valid integer"),
+        ({"rl.0.roc.group_sise": 2}, r"rl\.0\.roc\.group_sise: unknown key"),
+        ({"storage_roots": "x"}, r"storage_roots: unknown key"),
+        (
+            {"train_problems": {"files": ["/no/such/problems.parquet"]}},
+            r"train_problems\.files\.0: /no/such/problems\.parquet does not exist",
+        ),
+        (
+            {"train_problems": {"files": ["/no/such/dapo.parquet:dapo"]}},
+            r"/no/such/dapo\.parquet does not exist",
+        ),
+        ({"mine.after": "rl3"}, r"mine\.after must name an RL stage before the last"),
+        (
+            {"rl.1.mini_batches": 3},
+            r"rl stage rl2: mini_batches \(3\) must divide prompts_per_step \(8\)",
+        ),
+        ({"train_problems.synthetic.families": ["nope"]}, r"unknown families \['nope'\]"),
+        ({"prompt_style": "fancy"}, r"prompt_style: Input should be 'paper' or 'compact'"),
+    ],
+)
 def test_bad_recipes_name_what_is_wrong(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_recipe(TINY, overrides)
@@ -50,14 +68,19 @@ def test_cache_keys_change_only_for_the_stages_a_change_touches():
         assert base.cache_key(stage, inputs) == changed.cache_key(stage, inputs)
     for stage in ("rl3", "evaluate"):
         assert base.cache_key(stage, inputs) != changed.cache_key(stage, inputs)
-    assert base.cache_key("sft", inputs) != base.cache_key("sft", StageInputs(model=ModelRef("m", "def")))
+    assert base.cache_key("sft", inputs) != base.cache_key(
+        "sft", StageInputs(model=ModelRef("m", "def"))
+    )
 
 
 def test_a_new_code_version_changes_every_cache_key(monkeypatch):
     import rstar
 
     recipe = load_recipe(TINY)
-    before = {stage: recipe.cache_key(stage, StageInputs()) for stage in ("base", "sft", "rl1", "evaluate")}
+    before = {
+        stage: recipe.cache_key(stage, StageInputs())
+        for stage in ("base", "sft", "rl1", "evaluate")
+    }
     monkeypatch.setattr(rstar, "__version__", rstar.__version__ + ".post1")
     assert all(recipe.cache_key(stage, StageInputs()) != key for stage, key in before.items())
 
@@ -65,11 +88,17 @@ def test_a_new_code_version_changes_every_cache_key(monkeypatch):
 def test_the_paper_recipe_validates_and_its_inputs_are_checked(s3):
     recipe = load_recipe("configs/qwen3-14b.yaml", check_inputs=False)
     assert recipe.engine == "verl" and recipe.base.path == "Qwen/Qwen3-14B-Base"
-    assert [(s.max_response_tokens, s.steps, s.max_turns) for s in recipe.rl] == \
-        [(8192, 300, 10), (12288, 85, 10), (12288, 125, 15)]
+    assert [(s.max_response_tokens, s.steps, s.max_turns) for s in recipe.rl] == [
+        (8192, 300, 10),
+        (12288, 85, 10),
+        (12288, 125, 15),
+    ]
     assert [s.roc.group_size * s.roc.oversample for s in recipe.rl] == [32, 32, 32]
     assert recipe.rl[2].reset_optimizer and recipe.mine.k == 8
-    with pytest.raises(ConfigError, match=r"sft\.files\.0: s3://rstar/raw/sft_function_calling\.jsonl does not exist"):
+    with pytest.raises(
+        ConfigError,
+        match=r"sft\.files\.0: s3://rstar/raw/sft_function_calling\.jsonl does not exist",
+    ):
         load_recipe("configs/qwen3-14b.yaml", {"train_problems": {"synthetic": {"n": 5}}})
     with pytest.raises(ConfigError, match="engine 'verl' on GPUs needs sandbox_url"):
         load_recipe("configs/qwen3-14b.yaml", {"sandbox_url": None}, check_inputs=False)
@@ -104,35 +133,53 @@ def test_a_truncated_input_file_fails_the_recipe_check_naming_it(tmp_path):
     from rstar.data.io import write_table
 
     good = write_table(synth.generate(4, seed=1), str(tmp_path / "good.parquet"), "problems")
-    data = open(good, "rb").read()
+    data = Path(good).read_bytes()
     (tmp_path / "cut.parquet").write_bytes(data[: len(data) // 2])
-    with pytest.raises(ConfigError, match=r"train_problems\.files\.0: .*cut\.parquet is not readable"):
-        load_recipe("configs/tiny.yaml", {"train_problems": {"files": [str(tmp_path / "cut.parquet")]}})
+    with pytest.raises(
+        ConfigError, match=r"train_problems\.files\.0: .*cut\.parquet is not readable"
+    ):
+        load_recipe(
+            "configs/tiny.yaml", {"train_problems": {"files": [str(tmp_path / "cut.parquet")]}}
+        )
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     with pytest.raises(ConfigError, match=r"bad\.jsonl is not readable \(JSONDecodeError"):
-        load_recipe("configs/tiny.yaml", {"train_problems": {"files": [str(tmp_path / "bad.jsonl")]}})
+        load_recipe(
+            "configs/tiny.yaml", {"train_problems": {"files": [str(tmp_path / "bad.jsonl")]}}
+        )
 
 
 def test_a_problem_file_whose_columns_do_not_map_fails_the_recipe_check(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.Table.from_pylist([{"question": "1+1?", "solution": "2"}]), tmp_path / "qs.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{"question": "1+1?", "solution": "2"}]), tmp_path / "qs.parquet"
+    )
     path = str(tmp_path / "qs.parquet")
-    with pytest.raises(ConfigError, match=r"train_problems\.files\.0: .*qs\.parquet: no column 'problem' or 'answer' "
-                                          r"for the problem and answer \(its columns: question, solution\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train_problems\.files\.0: .*qs\.parquet: no column 'problem' or 'answer' "
+        r"for the problem and answer \(its columns: question, solution\)",
+    ):
         load_recipe("configs/tiny.yaml", {"train_problems": {"files": [path]}})
     (tmp_path / "qs.jsonl").write_text('{"problem": "1+1?", "solution": "2"}\n')
     with pytest.raises(ConfigError, match=r"no column 'answer' for the answer"):
-        load_recipe("configs/tiny.yaml", {"train_problems": {"files": [str(tmp_path / "qs.jsonl")]}})
-    mapped = load_recipe("configs/tiny.yaml", {"train_problems": {"files": [f"{path}:problem=question,answer=solution"]}})
+        load_recipe(
+            "configs/tiny.yaml", {"train_problems": {"files": [str(tmp_path / "qs.jsonl")]}}
+        )
+    mapped = load_recipe(
+        "configs/tiny.yaml",
+        {"train_problems": {"files": [f"{path}:problem=question,answer=solution"]}},
+    )
     assert mapped.train_problems.files == [f"{path}:problem=question,answer=solution"]
 
 
 def test_an_unknown_key_suggests_the_key_it_resembles():
     with pytest.raises(ConfigError, match=r"rl\.2\.stepz: unknown key \(did you mean 'steps'\?\)"):
         load_recipe("configs/tiny.yaml", {"rl.2.stepz": 3})
-    with pytest.raises(ConfigError, match=r"sft\.train\.epocs: unknown key \(did you mean 'epochs'\?\)"):
+    with pytest.raises(
+        ConfigError, match=r"sft\.train\.epocs: unknown key \(did you mean 'epochs'\?\)"
+    ):
         load_recipe("configs/tiny.yaml", {"sft.train.epocs": 3})
     with pytest.raises(ConfigError, match=r"zzz: unknown key$"):
         load_recipe("configs/tiny.yaml", {"zzz": 1})

@@ -1,12 +1,14 @@
 """Failing early and plainly: one run per storage root (a second run fails at once naming the
 first; a killed holder leaves nothing stale: locally the OS lock dies with it, on S3 its lease
 expires), a recipe error or a dead tracking server in one line."""
+
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,24 +20,30 @@ def test_a_second_run_on_a_local_root_fails_at_once_naming_the_first(tmp_path):
     root = str(tmp_path / "root")
     with hold_root(root, "flow run double-click-1"):
         start = time.monotonic()
-        with pytest.raises(RootBusy, match=r"in use by another run \(run flow run double-click-1, host"):
-            with hold_root(root, "flow run double-click-2"):
-                pass
+        with (
+            pytest.raises(
+                RootBusy, match=r"in use by another run \(run flow run double-click-1, host"
+            ),
+            hold_root(root, "flow run double-click-2"),
+        ):
+            pass
         assert time.monotonic() - start < 1
     with hold_root(root, "flow run later") as killed:  # released: the next run takes it
-        assert json.load(open(os.path.join(root, LOCK)))["run"] == "flow run later"
+        assert json.loads(Path(os.path.join(root, LOCK)).read_text())["run"] == "flow run later"
         assert killed is None  # the first ended cleanly: nothing of it to reconcile
 
 
 def test_a_killed_holder_leaves_the_local_root_free(tmp_path):
     root = str(tmp_path / "root")
-    code = ("import sys, time; from rstar.storage.lock import hold_root\n"
-            f"with hold_root({root!r}, 'doomed', flow_run_id='f-1'):\n    print('held', flush=True); time.sleep(60)")
+    code = (
+        "import sys, time; from rstar.storage.lock import hold_root\n"
+        f"with hold_root({root!r}, 'doomed', flow_run_id='f-1'):\n    print('held', flush=True); "
+        "time.sleep(60)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
-    with pytest.raises(RootBusy, match="doomed"):
-        with hold_root(root, "second"):
-            pass
+    with pytest.raises(RootBusy, match="doomed"), hold_root(root, "second"):
+        pass
     with pytest.raises(RootBusy, match="doomed"):
         check_free(root)
     holder.send_signal(signal.SIGKILL)
@@ -43,7 +51,11 @@ def test_a_killed_holder_leaves_the_local_root_free(tmp_path):
     check_free(root)  # free now, and the check (the CLI's, before Prefect starts) keeps the record
     with hold_root(root, "after the kill") as killed:
         # the killed holder is named, so what it left RUNNING can be marked (flows.reconcile)
-        assert killed["run"] == "doomed" and killed["flow_run_id"] == "f-1" and killed["pid"] == holder.pid
+        assert (
+            killed["run"] == "doomed"
+            and killed["flow_run_id"] == "f-1"
+            and killed["pid"] == holder.pid
+        )
     with hold_root(root, "after a clean end") as killed:
         assert killed is None
 
@@ -62,8 +74,10 @@ def test_an_s3_root_takes_a_lease_refuses_a_second_run_and_breaks_an_expired_one
             check_free(root)
     assert not fs.exists(f"{base}/{LOCK}")  # released on exit
     # a holder that died: its lease is left behind, expired
-    fs.pipe_file(f"{base}/{LOCK}", json.dumps({"run": "dead", "flow_run_id": "f-9",
-                                               "expires": time.time() - 1}).encode())
+    fs.pipe_file(
+        f"{base}/{LOCK}",
+        json.dumps({"run": "dead", "flow_run_id": "f-9", "expires": time.time() - 1}).encode(),
+    )
     check_free(root)  # an expired lease is no obstacle
     with hold_root(root, "third", lease_s=30) as killed:
         assert json.loads(fs.cat_file(f"{base}/{LOCK}"))["run"] == "third"
@@ -81,7 +95,10 @@ def test_the_cli_refuses_a_pipeline_on_a_root_another_run_holds(tmp_path):
     with hold_root(root, "flow run the-first-click"):
         result = CliRunner().invoke(app, ["pipeline", "run", "--config", path])
     assert result.exit_code == 1
-    assert "in use by another run (run flow run the-first-click" in result.output and "Traceback" not in result.output
+    assert (
+        "in use by another run (run flow run the-first-click" in result.output
+        and "Traceback" not in result.output
+    )
     assert not os.path.exists(os.path.join(root, "models"))  # nothing of the second run was written
 
 
@@ -90,7 +107,9 @@ def test_a_recipe_error_is_one_line_before_prefect_starts(tmp_path):
 
     from flows.cli import app
 
-    result = CliRunner().invoke(app, ["pipeline", "run", "--config", "configs/tiny.yaml", "--set", "rl.2.stepz=3"])
+    result = CliRunner().invoke(
+        app, ["pipeline", "run", "--config", "configs/tiny.yaml", "--set", "rl.2.stepz=3"]
+    )
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "rl.2.stepz: unknown key (did you mean 'steps'?)" in result.output
 
@@ -101,9 +120,11 @@ def test_a_recipe_is_checked_without_loading_torch_verl_prefect_or_ray():
     import subprocess
     import sys
 
-    probe = ("import sys\nfrom flows.cli import app\n"
-             "print('exit', app(['pipeline', 'run', '--set', 'rl.2.stepz=3'], standalone_mode=False))\n"
-             "print(sorted(m for m in ('torch', 'verl', 'prefect', 'ray', 'transformers') if m in sys.modules))")
+    probe = (
+        "import sys\nfrom flows.cli import app\nprint('exit', app(['pipeline', 'run', '--set', "
+        "'rl.2.stepz=3'], standalone_mode=False))\nprint(sorted(m for m in ('torch', 'verl', "
+        "'prefect', 'ray', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.stdout.splitlines()[-2:] == ["exit 1", "[]"], out.stdout + out.stderr
 
@@ -114,15 +135,33 @@ def test_a_bad_input_file_is_one_line_and_debug_shows_the_traceback(tmp_path):
 
     path = tmp_path / "qs.jsonl"
     path.write_text('{"question": "1+1?", "solution": "2"}\n')
-    cmd = [sys.executable, "-m", "rstar.cli", "data", "curate", "--source", str(path), "--out", str(tmp_path / "k.parquet")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rstar.cli",
+        "data",
+        "curate",
+        "--source",
+        str(path),
+        "--out",
+        str(tmp_path / "k.parquet"),
+    ]
     plain = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert plain.returncode == 1 and "Traceback" not in plain.stderr
     assert plain.stderr.strip().splitlines() == [
-        f"error: {path}: no column 'problem' or 'answer' for the problem and answer (its columns: question, solution); "
-        f"map yours as '{path}:problem=<column>,answer=<column>' or name a preset "
-        f"(generic, dapo, openmathreasoning, project_euler, aops) as '{path}:<preset>'"]
-    debug = subprocess.run(cmd[:3] + ["--debug"] + cmd[3:], capture_output=True, text=True, timeout=120)
-    assert debug.returncode == 1 and "Traceback" in debug.stderr and "rstar.data.io.DataError" in debug.stderr
+        f"error: {path}: no column 'problem' or 'answer' for the problem and answer (its columns: "
+        "question, solution); "
+        f"map yours as '{path}:problem=<column>,answer=<column>' or name a preset (generic, dapo, "
+        f"openmathreasoning, project_euler, aops) as '{path}:<preset>'"
+    ]
+    debug = subprocess.run(
+        cmd[:3] + ["--debug"] + cmd[3:], capture_output=True, text=True, timeout=120
+    )
+    assert (
+        debug.returncode == 1
+        and "Traceback" in debug.stderr
+        and "rstar.data.io.DataError" in debug.stderr
+    )
 
 
 def test_a_dead_tracking_server_is_one_line_in_seconds(tmp_path):
@@ -136,9 +175,14 @@ def test_a_dead_tracking_server_is_one_line_in_seconds(tmp_path):
     path = write_recipe(str(tmp_path), "dead-mlflow", str(tmp_path / "root"))
     dead = f"http://127.0.0.1:{free_port()}"
     start = time.monotonic()
-    result = CliRunner().invoke(app, ["pipeline", "run", "--config", path, "--set", f"tracking.tracking_uri={dead}"])
+    result = CliRunner().invoke(
+        app, ["pipeline", "run", "--config", path, "--set", f"tracking.tracking_uri={dead}"]
+    )
     assert result.exit_code == 1, result.output
-    assert f"MLflow tracking server {dead} does not answer" in result.output and "Traceback" not in result.output
+    assert (
+        f"MLflow tracking server {dead} does not answer" in result.output
+        and "Traceback" not in result.output
+    )
     assert time.monotonic() - start < 15
 
 
@@ -151,7 +195,9 @@ def test_the_flow_itself_refuses_a_busy_root(prefect_api, tmp_path):
     path = write_recipe(str(tmp_path), "busy-flow", root)
     with hold_root(root, "flow run the-first-click"):
         state = pipeline(path, return_state=True)
-    assert state.is_failed() and "the-first-click" in str(state.message) + repr(state.result(raise_on_failure=False))
+    assert state.is_failed() and "the-first-click" in str(state.message) + repr(
+        state.result(raise_on_failure=False)
+    )
 
 
 def test_an_error_retrying_cannot_fix_is_not_retried(prefect_api, tmp_path):
@@ -162,13 +208,17 @@ def test_an_error_retrying_cannot_fix_is_not_retried(prefect_api, tmp_path):
     from tests.pipeline.conftest import write_recipe
 
     path = write_recipe(str(tmp_path), "no-retry", str(tmp_path / "root"))
-    state = pipeline(path, {"base.shipped": "models/tiny-base", "retries.delay_s": 0}, return_state=True)
+    state = pipeline(
+        path, {"base.shipped": "models/tiny-base", "retries.delay_s": 0}, return_state=True
+    )
     assert state.is_failed()
     error = state.result(raise_on_failure=False)
     assert "hidden" in str(error)  # the manifest field that differs (32 here, 192 shipped)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    runs = ml.client(uri).search_runs([ml.client(uri).get_experiment_by_name("rstar-tiny").experiment_id],
-                                      filter_string=f"tags.`{ml.STAGE}` = 'base'")
+    runs = ml.client(uri).search_runs(
+        [ml.client(uri).get_experiment_by_name("rstar-tiny").experiment_id],
+        filter_string=f"tags.`{ml.STAGE}` = 'base'",
+    )
     assert len(runs) == 1  # one attempt
 
 
@@ -177,12 +227,18 @@ def test_runs_left_running_by_a_killed_pipeline_are_marked_failed_by_the_next(tm
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     root, other = str(tmp_path / "root"), str(tmp_path / "other")
-    parent = ml.start_run(uri, "exp", "pipeline:tiny", tags={ml.ROOT: root})   # killed: never ended
+    parent = ml.start_run(uri, "exp", "pipeline:tiny", tags={ml.ROOT: root})  # killed: never ended
     stage = ml.start_run(uri, "exp", "rl1", parent=parent)
-    elsewhere = ml.start_run(uri, "exp", "pipeline:tiny", tags={ml.ROOT: other})  # another root's: not ours
+    elsewhere = ml.start_run(
+        uri, "exp", "pipeline:tiny", tags={ml.ROOT: other}
+    )  # another root's: not ours
     assert sorted(ml.fail_stale_runs(uri, "exp", root)) == sorted([parent, stage])
     c = ml.client(uri)
-    assert [c.get_run(r).info.status for r in (parent, stage, elsewhere)] == ["FAILED", "FAILED", "RUNNING"]
+    assert [c.get_run(r).info.status for r in (parent, stage, elsewhere)] == [
+        "FAILED",
+        "FAILED",
+        "RUNNING",
+    ]
     assert "marked FAILED" in c.get_run(parent).data.tags["rstar.reconciled"]
     assert ml.fail_stale_runs(uri, "exp", root) == []
 
@@ -190,10 +246,19 @@ def test_runs_left_running_by_a_killed_pipeline_are_marked_failed_by_the_next(tm
 def test_concurrent_first_uses_of_a_fresh_sqlite_store_do_not_corrupt_it(tmp_path):
     """Two runs' first start_run on a fresh store died in MLflow's migration 3 times in 3."""
     uri = f"sqlite:///{tmp_path}/fresh.db"
-    code = ("import sys\nfrom rstar.tracking import mlflow_log as ml\n"
-            f"print(ml.start_run({uri!r}, 'exp', sys.argv[1]))")
-    procs = [subprocess.Popen([sys.executable, "-c", code, f"run{i}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for i in range(3)]
+    code = (
+        "import sys\nfrom rstar.tracking import mlflow_log as ml\n"
+        f"print(ml.start_run({uri!r}, 'exp', sys.argv[1]))"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, f"run{i}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(3)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-800:] for _, e in outs]
     from rstar.tracking import mlflow_log as ml

@@ -1,5 +1,6 @@
 """A stage that asks for more than the cluster has fails at once, naming the shortfall, instead
 of waiting for Ray to find resources that do not exist."""
+
 import pytest
 
 from rstar.errors import NotRetryable
@@ -11,24 +12,37 @@ def cluster(gpu_nodes: int, gpus: int = 8) -> list[dict]:
     """`ray.nodes()` of infra/cluster/raycluster.yaml's cluster: a head that takes no work
     (num-cpus 0) and GPU workers."""
     head = {"Alive": True, "Resources": {"CPU": 0.0, "memory": 3e10}}
-    workers = [{"Alive": True, "Resources": {"CPU": 96.0, "GPU": float(gpus), "memory": 1.6e12}}
-               for _ in range(gpu_nodes)]
-    return [head, *workers, {"Alive": False, "Resources": {"CPU": 96.0, "GPU": 8.0}}]  # a dead node counts for nothing
+    workers = [
+        {"Alive": True, "Resources": {"CPU": 96.0, "GPU": float(gpus), "memory": 1.6e12}}
+        for _ in range(gpu_nodes)
+    ]
+    return [
+        head,
+        *workers,
+        {"Alive": False, "Resources": {"CPU": 96.0, "GPU": 8.0}},
+    ]  # a dead node counts for nothing
 
 
 def test_the_14b_recipe_on_a_cluster_one_node_short():
     recipe = load_recipe("configs/qwen3-14b.yaml", check_inputs=False)
     for stage in ("sft", "rl1", "mine", "evaluate"):
         assert shortfall(stage, recipe, cluster(7)) == (
-            f"stage {stage} needs 8 nodes with 8 GPUs each for verl's workers, the cluster has 7 (56 GPUs in all)")
+            f"stage {stage} needs 8 nodes with 8 GPUs each for verl's workers, the cluster has 7 "
+            "(56 GPUs in all)"
+        )
         assert shortfall(stage, recipe, cluster(8)) is None
     # 64 GPUs, but in nodes of 4: verl's per-node placement cannot use them
     assert "the cluster has 0 (64 GPUs in all)" in shortfall("rl2", recipe, cluster(16, gpus=4))
     assert shortfall("problems", recipe, cluster(1)) is None  # made on CPUs
-    assert shortfall("problems", recipe, cluster(0)) == "stage problems needs 16 CPUs for its own task, the cluster has 0"
+    assert (
+        shortfall("problems", recipe, cluster(0))
+        == "stage problems needs 16 CPUs for its own task, the cluster has 0"
+    )
 
 
 def test_a_stage_asking_for_a_gpu_this_machine_lacks_fails_at_once():
     recipe = load_recipe("configs/tiny.yaml", {"resources.gpus": 1})
-    with pytest.raises(NotRetryable, match="stage problems needs 1 GPUs for its own task, the cluster has 0"):
+    with pytest.raises(
+        NotRetryable, match="stage problems needs 1 GPUs for its own task, the cluster has 0"
+    ):
         run_job("problems", recipe, {}, "sqlite:///unused.db", "no-run")

@@ -1,4 +1,5 @@
 """What a person reads: a run piped to a file or a CI log carries no terminal colour codes."""
+
 import os
 import subprocess
 import sys
@@ -28,10 +29,19 @@ run()
 
 
 def test_a_piped_run_has_no_colour_codes(prefect_api):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "RAY_COLOR_PREFIX", "PREFECT_LOGGING_COLORS")}
-    out = subprocess.run([sys.executable, "-c", PROBE], env={**env, "PREFECT_API_URL": prefect_api},
-                         capture_output=True, text=True, timeout=300, cwd=os.getcwd())
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_ADDRESS", "RAY_COLOR_PREFIX", "PREFECT_LOGGING_COLORS")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env={**env, "PREFECT_API_URL": prefect_api},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.getcwd(),
+    )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     assert "from a ray worker" in text and "from the flow" in text

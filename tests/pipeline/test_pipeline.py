@@ -1,21 +1,23 @@
 """The pipeline end to end through real Prefect, Ray, MLflow and Parquet: local storage and
 S3 (moto on loopback), caching of a finished pipeline, a stage killed mid-way, and a whole
 pipeline killed mid-way."""
+
 import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from rstar.data.io import read_table
 from rstar.data.schema import schema
+from rstar.eval.run import overall_accuracy
 from rstar.pipeline.bench import pipeline_report
 from rstar.pipeline.config import load_recipe
-from rstar.eval.run import overall_accuracy
-from rstar.tracking.digest import digest
 from rstar.storage import filesystem
 from rstar.tracking import mlflow_log as ml
+from rstar.tracking.digest import digest
 from rstar.tracking.lineage import lineage
 from tasks.summary import artifact_key
 from tests.pipeline.conftest import write_recipe
@@ -45,7 +47,9 @@ def _task_states(flow_run_id, expect=STAGES, timeout_s: float = 60) -> dict[str,
 
     async def read():
         async with get_client() as client:
-            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            return await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -69,7 +73,10 @@ def _artifacts(flow_run_id) -> dict[str, str]:
     async def read():
         async with get_client() as client:
             return await client.read_artifacts(
-                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+                artifact_filter=ArtifactFilter(
+                    flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])
+                )
+            )
 
     return {a.key: a.data for a in asyncio.run(read())}
 
@@ -106,7 +113,9 @@ def _check_trajectories(recipe, outs):
     for s in recipe.rl:
         fs, root = filesystem(outs[s.name].trajectories)
         files = sorted(fs.ls(root))
-        assert [f.rsplit("/", 1)[-1] for f in files] == [f"step={i:05d}.parquet" for i in range(1, s.steps + 1)]
+        assert [f.rsplit("/", 1)[-1] for f in files] == [
+            f"step={i:05d}.parquet" for i in range(1, s.steps + 1)
+        ]
         for f in files:
             uri = f"s3://{f}" if outs[s.name].trajectories.startswith("s3://") else f
             table = read_table(uri, "trajectories")
@@ -122,43 +131,62 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     recipe = load_recipe(path)
     assert state.is_completed()
     assert set(outs) == set(STAGES)
-    assert all(state == "Completed" for states in _task_states(state.state_details.flow_run_id).values()
-               for state in states)
+    assert all(
+        state == "Completed"
+        for states in _task_states(state.state_details.flow_run_id).values()
+        for state in states
+    )
 
     c, runs = _stage_runs(recipe)
     parents = [r for r in runs if r.data.tags.get(ml.PIPELINE) == "root"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     # per stage, its last run: the one whose outputs the flow passed on (an attempt that failed
     # and was retried by the task's retries leaves a FAILED run before it)
-    children = {r.data.tags[ml.STAGE]: r for r in sorted(runs, key=lambda r: r.info.start_time)
-                if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id}
+    children = {
+        r.data.tags[ml.STAGE]: r
+        for r in sorted(runs, key=lambda r: r.info.start_time)
+        if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id
+    }
     assert set(children) == set(STAGES)
     assert all(r.info.status == "FINISHED" for r in children.values())
-    assert children["rl1"].data.params["rl.steps"] == "3"               # the resolved config as params
+    assert children["rl1"].data.params["rl.steps"] == "3"  # the resolved config as params
     history = c.get_metric_history(children["rl1"].info.run_id, "rl1/accuracy")
-    assert [m.step for m in history] == [1, 2, 3]                     # per-step trainer metrics
-    assert "curves/rl1_curves.png" in [a.path for a in c.list_artifacts(children["rl1"].info.run_id, "curves")]
-    assert set(children["base"].data.metrics) >= {"copy_repeat"}                         # copying probes
+    assert [m.step for m in history] == [1, 2, 3]  # per-step trainer metrics
+    assert "curves/rl1_curves.png" in [
+        a.path for a in c.list_artifacts(children["rl1"].info.run_id, "curves")
+    ]
+    assert set(children["base"].data.metrics) >= {"copy_repeat"}  # copying probes
     assert set(children["sft"].data.metrics) >= {"copy_repeat", "copy_into_call", "copy_read_back"}
     assert 0 <= outs["sft"].metrics["copy_read_back"] <= 1
-    problems_inputs = {d.dataset.name: d.dataset.digest for d in children["problems"].inputs.dataset_inputs}
+    problems_inputs = {
+        d.dataset.name: d.dataset.digest for d in children["problems"].inputs.dataset_inputs
+    }
     assert problems_inputs["train_problems"] == outs["problems"].datasets["train"].digest != "-"
 
     from rstar.agent.format import saved_style
 
-    assert {saved_style(outs[s].model.uri) for s in ("sft", "rl1", "rl2", "rl3")} == {recipe.prompt_style}
+    assert {saved_style(outs[s].model.uri) for s in ("sft", "rl1", "rl2", "rl3")} == {
+        recipe.prompt_style
+    }
     lin = lineage(recipe.tracking.tracking_uri, outs["rl3"].model.version)
-    # each version points at its own copy under registry/, which later runs on the root never overwrite
+    # each version points at its own copy under registry/, which later runs on the root never
+    # overwrite
     root = os.path.dirname(os.path.dirname(outs["rl3"].model.uri))
     for link in lin.chain:
         assert link.source == os.path.join(root, "registry", f"{link.stage}-{link.digest}")
         assert digest(link.source) == outs[link.stage].model.digest == link.digest
     assert [link.stage for link in lin.chain] == ["base", "sft", "rl1", "rl2", "rl3"]
-    assert {d["name"]: d["digest"] for d in lin.data} == {"train_problems": outs["problems"].datasets["train"].digest,
-                                                         "eval_problems": outs["problems"].datasets["eval"].digest}
-    assert [link.version for link in lin.chain] == [outs[s].model.version for s in ["base", "sft", "rl1", "rl2", "rl3"]]
+    assert {d["name"]: d["digest"] for d in lin.data} == {
+        "train_problems": outs["problems"].datasets["train"].digest,
+        "eval_problems": outs["problems"].datasets["eval"].digest,
+    }
+    assert [link.version for link in lin.chain] == [
+        outs[s].model.version for s in ["base", "sft", "rl1", "rl2", "rl3"]
+    ]
     rl3_data = {d["name"]: d["digest"] for d in lin.chain[-1].datasets}
-    assert rl3_data["rl_problems"] == outs["mine"].datasets["hard_problems"].digest   # stage 3 trained on the mined set
+    assert (
+        rl3_data["rl_problems"] == outs["mine"].datasets["hard_problems"].digest
+    )  # stage 3 trained on the mined set
     assert lin.chain[1].datasets[0]["name"] == "sft_chats"
     assert [e["run_id"] for e in lin.evaluations] == [outs["evaluate"].mlflow_run_id]
     (ev,) = lin.evaluations  # the pipeline's own, with its settings and held-out set
@@ -168,15 +196,25 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     _check_trajectories(recipe, outs)
     report = outs["evaluate"].report
     assert {"report.md", "report.html", "accuracy.png", "summary.json"} <= set(os.listdir(report))
-    assert list(outs["evaluate"].evaluation.summaries) == ["sft", "rl1", "rl2", "rl3"]  # SFT and each stage side by side
-    artifacts = _artifacts(state.state_details.flow_run_id)     # one markdown summary per stage in the UI
+    assert list(outs["evaluate"].evaluation.summaries) == [
+        "sft",
+        "rl1",
+        "rl2",
+        "rl3",
+    ]  # SFT and each stage side by side
+    artifacts = _artifacts(
+        state.state_details.flow_run_id
+    )  # one markdown summary per stage in the UI
     assert set(artifacts) == {artifact_key(recipe.name, s) for s in STAGES}
     assert outs["rl3"].model.version in artifacts[artifact_key(recipe.name, "rl3")]
     assert "| rl3 avg@1" in artifacts[artifact_key(recipe.name, "evaluate")]
     # a reduced recipe that cannot learn in 5 steps is told so, with the copy probes beside
     assert outs["evaluate"].evaluation.learnt is False
     assert "DID NOT LEARN" in artifacts[artifact_key(recipe.name, "evaluate")]
-    assert any(line.startswith("copy probes") and "sft " in line for line in outs["evaluate"].evaluation.verdict)
+    assert any(
+        line.startswith("copy probes") and "sft " in line
+        for line in outs["evaluate"].evaluation.verdict
+    )
     assert children["evaluate"].data.tags["rstar.learnt"] == "false"
 
 
@@ -185,9 +223,15 @@ def test_the_run_report_holds_what_the_robustness_benchmark_reads(finished_local
     recipe = load_recipe(path)
     report = pipeline_report(recipe, outs)
     assert list(report["accuracy"]) == ["sft", "rl1", "rl2", "rl3"]
-    assert report["accuracy"]["rl3"] == overall_accuracy(outs["evaluate"].evaluation.summaries["rl3"])
+    assert report["accuracy"]["rl3"] == overall_accuracy(
+        outs["evaluate"].evaluation.summaries["rl3"]
+    )
     assert set(report["metrics"]["sft"]) >= {"copy_into_call", "copy_read_back"}
-    assert report["recipe_seconds"] == sum(report["seconds"][s] for s in ("sft", "rl1", "rl2", "mine", "rl3")) > 0
+    assert (
+        report["recipe_seconds"]
+        == sum(report["seconds"][s] for s in ("sft", "rl1", "rl2", "mine", "rl3"))
+        > 0
+    )
     assert report["learnt"] is False and report["verdict"] == outs["evaluate"].evaluation.verdict
 
 
@@ -200,16 +244,21 @@ def test_rerunning_a_finished_pipeline_serves_every_stage_from_cache(finished_lo
     states = _task_states(state.state_details.flow_run_id)
     assert set(states) == set(STAGES)
     assert all(s == ["Cached"] for s in states.values()), states
-    assert {k: v.model and v.model.version for k, v in state.result().items()} == \
-        {k: v.model and v.model.version for k, v in outs.items()}
+    assert {k: v.model and v.model.version for k, v in state.result().items()} == {
+        k: v.model and v.model.version for k, v in outs.items()
+    }
     # the re-run's MLflow run is not an empty mystery: it says it reused every stage, and whose runs
     from mlflow import MlflowClient
 
     recipe = load_recipe(path)
     c = MlflowClient(recipe.tracking.tracking_uri)
     exp = c.get_experiment_by_name(recipe.tracking.experiment)
-    (rerun,) = c.search_runs([exp.experiment_id], "tags.`rstar.pipeline` = 'root'", order_by=["start_time DESC"],
-                             max_results=1)
+    (rerun,) = c.search_runs(
+        [exp.experiment_id],
+        "tags.`rstar.pipeline` = 'root'",
+        order_by=["start_time DESC"],
+        max_results=1,
+    )
     assert rerun.info.run_name == f"pipeline:{recipe.name} (all stages cached)"
     assert set(rerun.data.tags["rstar.cached_stages"].split(",")) == set(STAGES)
     assert rerun.data.tags["rstar.rl3.reused_run"] == outs["rl3"].mlflow_run_id
@@ -234,7 +283,9 @@ def test_pipeline_on_s3(prefect_api, s3, tmp_path):
     assert fs.exists(f"rstar-test/pipeline/registry/rl3-{outs['rl3'].model.digest}/latest.json")
 
 
-def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(prefect_api, finished_local, tmp_path):
+def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(
+    prefect_api, finished_local, tmp_path
+):
     """SIGKILL rl1's Ray worker mid-stage: Prefect retries the task, the trainer
     resumes from the checkpoint, and the trajectories equal the uninterrupted run's."""
     from flows.pipeline import pipeline
@@ -244,7 +295,9 @@ def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(prefect_api, 
     recipe = load_recipe(path)
     # Once step 2's rollouts are on disk, step 1's checkpoint is too: the kill lands mid-stage
     # with something to resume from.
-    second_step = os.path.join(recipe.storage_root, "trajectories", "stage=rl1", "step=00002.parquet")
+    second_step = os.path.join(
+        recipe.storage_root, "trajectories", "stage=rl1", "step=00002.parquet"
+    )
     killed = []
 
     def killer():
@@ -252,7 +305,7 @@ def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(prefect_api, 
         while time.monotonic() < deadline and not os.path.exists(second_step):
             time.sleep(0.05)
         if os.path.exists(second_step):
-            pid = int(open(pid_file(recipe, "rl1")).read())
+            pid = int(Path(pid_file(recipe, "rl1")).read_text())
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
@@ -269,18 +322,27 @@ def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(prefect_api, 
     rl1 = [r for r in runs if r.data.tags.get(ml.STAGE) == "rl1"]
     # one MLflow run holds the stage's whole history: the retry continued the run it was killed in
     assert [r.info.status for r in rl1] == ["FINISHED"]
-    assert rl1[0].data.tags["rstar.started_as"] == "resumed" and rl1[0].data.tags["rstar.attempts"] == "2"
-    assert sorted({m.step for m in c.get_metric_history(rl1[0].info.run_id, "rl1/accuracy")}) == \
-        list(range(1, recipe.rl[0].steps + 1))
+    assert (
+        rl1[0].data.tags["rstar.started_as"] == "resumed"
+        and rl1[0].data.tags["rstar.attempts"] == "2"
+    )
+    assert sorted(
+        {m.step for m in c.get_metric_history(rl1[0].info.run_id, "rl1/accuracy")}
+    ) == list(range(1, recipe.rl[0].steps + 1))
     _check_trajectories(recipe, outs)
 
     _, _, reference = finished_local  # the same recipe, never interrupted
     ref_recipe = load_recipe(finished_local[0])
     for step in range(1, 4):
-        got = read_table(f"{outs['rl1'].trajectories}/step={step:05d}.parquet", "trajectories").to_pylist()
-        want = read_table(f"{reference['rl1'].trajectories}/step={step:05d}.parquet", "trajectories").to_pylist()
-        assert [(r["group_id"], r["response_ids"], r["reward"]) for r in got] == \
-            [(r["group_id"], r["response_ids"], r["reward"]) for r in want], f"step {step}"
+        got = read_table(
+            f"{outs['rl1'].trajectories}/step={step:05d}.parquet", "trajectories"
+        ).to_pylist()
+        want = read_table(
+            f"{reference['rl1'].trajectories}/step={step:05d}.parquet", "trajectories"
+        ).to_pylist()
+        assert [(r["group_id"], r["response_ids"], r["reward"]) for r in got] == [
+            (r["group_id"], r["response_ids"], r["reward"]) for r in want
+        ], f"step {step}"
     assert ref_recipe.rl[0] == recipe.rl[0]
 
 
@@ -290,16 +352,20 @@ def _flow_run_and_tasks(flow_run_id: str):
 
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(flow_run_id)
-        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+        tasks = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+        )
     return run, tasks
 
 
 @pytest.mark.timeout(900)
-def test_a_pipeline_killed_mid_stage_is_reconciled_and_continued_by_the_next_run(prefect_api, tmp_path):
+def test_a_pipeline_killed_mid_stage_is_reconciled_and_continued_by_the_next_run(
+    prefect_api, tmp_path
+):
     """SIGKILL a whole `rstar pipeline run` (its process group: driver, Ray, the stage's worker)
-    in the middle of rl1. The next `rstar pipeline run` on the root marks the killed flow run and its task runs
-    Crashed and its MLflow parent FAILED, resumes rl1 from its checkpoint, and continues rl1's
-    MLflow run, so that one run holds every step."""
+    in the middle of rl1. The next `rstar pipeline run` on the root marks the killed flow run and
+    its task runs Crashed and its MLflow parent FAILED, resumes rl1 from its checkpoint, and
+    continues rl1's MLflow run, so that one run holds every step."""
     import json
     import subprocess
     import sys
@@ -310,20 +376,29 @@ def test_a_pipeline_killed_mid_stage_is_reconciled_and_continued_by_the_next_run
 
     path = write_recipe(str(tmp_path), "killed", str(tmp_path / "root"))
     recipe = load_recipe(path)
-    second_step = os.path.join(recipe.storage_root, "trajectories", "stage=rl1", "step=00002.parquet")
+    second_step = os.path.join(
+        recipe.storage_root, "trajectories", "stage=rl1", "step=00002.parquet"
+    )
     command = [sys.executable, "-m", "flows.cli", "pipeline", "run", "--config", path]
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
-    run = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           start_new_session=True)
+    run = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not os.path.exists(second_step) and run.poll() is None:
+        while (
+            time.monotonic() < deadline and not os.path.exists(second_step) and run.poll() is None
+        ):
             time.sleep(0.05)
         assert os.path.exists(second_step), "the pipeline never reached rl1's second step"
     finally:
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
-    killed = json.load(open(os.path.join(recipe.storage_root, LOCK)))["flow_run_id"]
+    killed = json.loads(Path(os.path.join(recipe.storage_root, LOCK)).read_text())["flow_run_id"]
     assert _flow_run_and_tasks(killed)[0].state.is_running()  # what a SIGKILL leaves behind
 
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -341,15 +416,28 @@ def test_a_pipeline_killed_mid_stage_is_reconciled_and_continued_by_the_next_run
     assert [r.info.status for r in rl1] == ["FINISHED"]
     assert rl1[0].data.tags["rstar.started_as"] == "resumed"
     assert rl1[0].data.tags["rstar.earlier_pipelines"] == old.info.run_id
-    assert rl1[0].data.tags["mlflow.parentRunId"] in parents and rl1[0].data.tags["mlflow.parentRunId"] != old.info.run_id
-    assert sorted({m.step for m in c.get_metric_history(rl1[0].info.run_id, "rl1/accuracy")}) == \
-        list(range(1, recipe.rl[0].steps + 1))
-    _check_trajectories(recipe, {s.name: StageOutput(s.name, trajectories=Layout(recipe.storage_root).trajectories(s.name))
-                                 for s in recipe.rl})
+    assert (
+        rl1[0].data.tags["mlflow.parentRunId"] in parents
+        and rl1[0].data.tags["mlflow.parentRunId"] != old.info.run_id
+    )
+    assert sorted(
+        {m.step for m in c.get_metric_history(rl1[0].info.run_id, "rl1/accuracy")}
+    ) == list(range(1, recipe.rl[0].steps + 1))
+    _check_trajectories(
+        recipe,
+        {
+            s.name: StageOutput(
+                s.name, trajectories=Layout(recipe.storage_root).trajectories(s.name)
+            )
+            for s in recipe.rl
+        },
+    )
 
 
 @pytest.mark.timeout(900)
-def test_a_served_deployment_runs_when_triggered_like_the_ui_run_button(prefect_api, finished_local):
+def test_a_served_deployment_runs_when_triggered_like_the_ui_run_button(
+    prefect_api, finished_local
+):
     """`rstar serve` in its own process; a flow run created from the deployment through the
     API (what the UI's Run button does) is picked up and completes."""
     import subprocess
@@ -360,20 +448,32 @@ def test_a_served_deployment_runs_when_triggered_like_the_ui_run_button(prefect_
     path, _, outs = finished_local
     recipe = load_recipe(path)
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
-    server = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--config", path, "--name", "test"],
-                              env=env, cwd=os.getcwd(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "serve", "--config", path, "--name", "test"],
+        env=env,
+        cwd=os.getcwd(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         _wait_for_deployment("rstar-reevaluate/test-nightly")
-        flow_run = run_deployment("rstar-reevaluate/test-nightly", parameters={"versions": [outs["rl1"].model.version]},
-                                  timeout=600)
+        flow_run = run_deployment(
+            "rstar-reevaluate/test-nightly",
+            parameters={"versions": [outs["rl1"].model.version]},
+            timeout=600,
+        )
         assert flow_run.state.is_completed(), flow_run.state
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
     evals = lineage(recipe.tracking.tracking_uri, outs["rl1"].model.version).evaluations
-    assert len(evals) == 2  # the pipeline's evaluation and the re-evaluation, both attached to rl1's version
-    assert evals[0]["label"] == "eval" and evals[1]["label"].startswith("reeval-")  # oldest first, told apart
+    assert (
+        len(evals) == 2
+    )  # the pipeline's evaluation and the re-evaluation, both attached to rl1's version
+    assert evals[0]["label"] == "eval" and evals[1]["label"].startswith(
+        "reeval-"
+    )  # oldest first, told apart
     assert evals[0]["data"] == evals[1]["data"] and evals[0]["settings"] == evals[1]["settings"]
     # the same checkpoint, settings and data: the same figures
     assert evals[0]["metrics"] == evals[1]["metrics"]
@@ -388,10 +488,24 @@ def test_lineage_command_prints_the_chain(finished_local):
     result = CliRunner().invoke(app, ["lineage", outs["rl3"].model.version, "--config", path])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    stages = [line.split()[1] if line.startswith("->") else line.split()[0] for line in lines
-              if line.strip() and not line.startswith("       ")]
-    assert stages[:7] == ["data", "data", "base", "sft", "rl1", "rl2", "rl3"]  # from the problems to the model
-    assert "-> evaluation eval " in result.output and outs["mine"].datasets["hard_problems"].digest in result.output
+    stages = [
+        line.split()[1] if line.startswith("->") else line.split()[0]
+        for line in lines
+        if line.strip() and not line.startswith("       ")
+    ]
+    assert stages[:7] == [
+        "data",
+        "data",
+        "base",
+        "sft",
+        "rl1",
+        "rl2",
+        "rl3",
+    ]  # from the problems to the model
+    assert (
+        "-> evaluation eval " in result.output
+        and outs["mine"].datasets["hard_problems"].digest in result.output
+    )
     assert f"on eval_problems digest {outs['problems'].datasets['eval'].digest}" in result.output
     assert "settings k=1 " in result.output
 
@@ -411,5 +525,9 @@ def test_a_cached_stage_whose_outputs_were_deleted_or_overwritten_runs_again(fin
         f.write("tiny-mine-made-by-another-recipe")
     state = pipeline(path, return_state=True)
     states = _task_states(state.state_details.flow_run_id)
-    assert states["rl3"] == ["Completed"] and states["rl2"] == ["Cached"] and states["mine"] == ["Completed"]
+    assert (
+        states["rl3"] == ["Completed"]
+        and states["rl2"] == ["Cached"]
+        and states["mine"] == ["Completed"]
+    )
     assert os.path.exists(os.path.join(recipe.storage_root, "models", "rl3", "config.json"))

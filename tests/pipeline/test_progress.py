@@ -1,5 +1,6 @@
 """Progress: the time left is the rate of the steps seen so far times the steps to go; piped
 output gets plain log lines, a terminal gets bars fed by the stage's Ray worker."""
+
 from rstar.pipeline import progress
 
 
@@ -22,9 +23,11 @@ def test_piped_ticks_are_logged_every_few_steps_and_at_the_last(log_lines, capsy
     for step in range(1, 121):
         clock.tick(step, f"loss {1 / step:.3f}")
     lines = capsys.readouterr().err.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["[pretrain] step 50/120, 0s, ~0s left",
-                                                      "[pretrain] step 100/120, 0s, ~0s left",
-                                                      "[pretrain] step 120/120, 0s"]
+    assert [line.split(":")[0] for line in lines] == [
+        "[pretrain] step 50/120, 0s, ~0s left",
+        "[pretrain] step 100/120, 0s, ~0s left",
+        "[pretrain] step 120/120, 0s",
+    ]
     assert lines[-1].endswith("loss 0.008")
 
 
@@ -54,7 +57,11 @@ def test_bars_keep_one_task_per_label():
             bars.update(tick)
         tasks = {t.description: t for t in bars.progress.tasks}
     assert sorted(tasks) == ["eval/sft", "sft"]
-    assert (tasks["sft"].completed, tasks["sft"].total, tasks["sft"].fields["text"]) == (4, 4, "loss 1.0")
+    assert (tasks["sft"].completed, tasks["sft"].total, tasks["sft"].fields["text"]) == (
+        4,
+        4,
+        "loss 1.0",
+    )
     assert tasks["eval/sft"].completed == 3
 
 
@@ -71,12 +78,23 @@ def test_a_stage_in_a_ray_worker_sends_its_ticks_to_the_driver(tmp_path):
     uri = recipe.tracking.tracking_uri
     ticks = []
     try:
-        out = run_job("base", recipe, StageInputs(), uri, ml.start_run(uri, "ticks", "base"), on_progress=ticks.append)
+        out = run_job(
+            "base",
+            recipe,
+            StageInputs(),
+            uri,
+            ml.start_run(uri, "ticks", "base"),
+            on_progress=ticks.append,
+        )
     finally:
         ray.shutdown()
     assert out.stage == "base"
     label, done, total, text = ticks[-1]
-    assert (label, done, total) == ("pretrain", recipe.base.pretrain_steps, recipe.base.pretrain_steps)
+    assert (label, done, total) == (
+        "pretrain",
+        recipe.base.pretrain_steps,
+        recipe.base.pretrain_steps,
+    )
     assert text.startswith("loss ")
 
 

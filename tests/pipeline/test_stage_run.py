@@ -1,4 +1,5 @@
 """A stage that resumes from its checkpoints keeps one MLflow run across attempts."""
+
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.records import ModelRef, StageInputs, Stored
 from rstar.pipeline.stage_run import open_stage_run
@@ -6,13 +7,22 @@ from rstar.tracking import mlflow_log as ml
 
 
 def _recipe(tmp_path, **over):
-    return load_recipe("configs/tiny.yaml", {"storage_root": str(tmp_path / "root"),
-                                             "tracking.tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", **over})
+    return load_recipe(
+        "configs/tiny.yaml",
+        {
+            "storage_root": str(tmp_path / "root"),
+            "tracking.tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+            **over,
+        },
+    )
 
 
 def test_a_retried_rl_stage_continues_its_run_until_it_finishes(tmp_path):
     recipe = _recipe(tmp_path)
-    uri, inputs = recipe.tracking.tracking_uri, StageInputs(model=ModelRef("m"), problems=Stored("p"))
+    uri, inputs = (
+        recipe.tracking.tracking_uri,
+        StageInputs(model=ModelRef("m"), problems=Stored("p")),
+    )
     first_parent = ml.start_run(uri, recipe.tracking.experiment, "pipeline:tiny")
     run_id, continued = open_stage_run(uri, recipe, "rl1", inputs, first_parent, {ml.STAGE: "rl1"})
     assert not continued
@@ -24,13 +34,26 @@ def test_a_retried_rl_stage_continues_its_run_until_it_finishes(tmp_path):
     run = ml.client(uri).get_run(again)
     assert (again, continued, run.info.status) == (run_id, True, "RUNNING")
     assert run.data.tags["mlflow.parentRunId"] == second_parent
-    assert run.data.tags["rstar.earlier_pipelines"] == first_parent and run.data.tags["rstar.attempts"] == "2"
+    assert (
+        run.data.tags["rstar.earlier_pipelines"] == first_parent
+        and run.data.tags["rstar.attempts"] == "2"
+    )
     assert [m.step for m in ml.client(uri).get_metric_history(run_id, "rl1/accuracy")] == [1]
     ml.end_run(uri, run_id)
 
     # a finished stage is never reopened; other inputs are another working directory, another run
     assert open_stage_run(uri, recipe, "rl1", inputs, second_parent, {})[0] != run_id
-    assert open_stage_run(uri, recipe, "rl1", StageInputs(model=ModelRef("m2"), problems=Stored("p")), second_parent, {})[1] is False
+    assert (
+        open_stage_run(
+            uri,
+            recipe,
+            "rl1",
+            StageInputs(model=ModelRef("m2"), problems=Stored("p")),
+            second_parent,
+            {},
+        )[1]
+        is False
+    )
 
 
 def test_stages_that_start_over_get_a_new_run_each_attempt(tmp_path):

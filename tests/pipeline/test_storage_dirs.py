@@ -1,5 +1,7 @@
 """Model directories on S3: versions published whole, the pointer moved last."""
+
 import os
+from pathlib import Path
 
 import pytest
 
@@ -22,11 +24,14 @@ def test_push_then_pull_on_a_fresh_machine(s3, tmp_path, monkeypatch):
     _fill(dirs.local_dir(uri), "two")
     dirs.push(uri)
     fs, root = filesystem(uri)
-    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root)) == ["latest.json", "v000002"]  # v1 removed
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root)) == [
+        "latest.json",
+        "v000002",
+    ]  # v1 removed
     monkeypatch.setenv("RSTAR_CACHE", str(tmp_path / "reader"))  # another machine
     local = dirs.pull(uri)
     assert local.startswith(str(tmp_path / "reader"))
-    assert open(os.path.join(local, "config.json")).read() == "config.json:two"
+    assert Path(os.path.join(local, "config.json")).read_text() == "config.json:two"
 
 
 def test_an_interrupted_push_leaves_the_previous_version_readable(s3, tmp_path, monkeypatch):
@@ -49,7 +54,10 @@ def test_an_interrupted_push_leaves_the_previous_version_readable(s3, tmp_path, 
         dirs.push(uri)
     monkeypatch.undo()
     monkeypatch.setenv("RSTAR_CACHE", str(tmp_path / "r"))
-    assert open(os.path.join(dirs.pull(uri), "model.safetensors")).read() == "model.safetensors:good"
+    assert (
+        Path(os.path.join(dirs.pull(uri), "model.safetensors")).read_text()
+        == "model.safetensors:good"
+    )
 
 
 def test_local_roots_are_used_in_place(tmp_path):
@@ -69,15 +77,23 @@ def test_an_atomic_write_gets_the_mode_of_a_plain_write(tmp_path):
     assert (tmp_path / "atomic.txt").stat().st_mode == plain.stat().st_mode  # not mkstemp's 0600
 
 
-def test_a_snapshot_keeps_a_registered_version_while_the_stage_directory_is_replaced(s3, tmp_path, monkeypatch):
+def test_a_snapshot_keeps_a_registered_version_while_the_stage_directory_is_replaced(
+    s3, tmp_path, monkeypatch
+):
     # a local root: hard links, so no bytes are copied, and a replaced directory leaves them intact
     stage = str(tmp_path / "models" / "rl1")
     _fill(stage, "run one")
     snap = dirs.snapshot(stage, str(tmp_path / "registry" / "rl1-aaaa"))
-    assert os.stat(os.path.join(snap, "config.json")).st_ino == os.stat(os.path.join(stage, "config.json")).st_ino
+    assert (
+        os.stat(os.path.join(snap, "config.json")).st_ino
+        == os.stat(os.path.join(stage, "config.json")).st_ino
+    )
     dirs.replace_dir(stage, lambda tmp: _fill(tmp, "run two"))  # how a later run publishes
-    assert open(os.path.join(snap, "config.json")).read() == "config.json:run one"
-    assert dirs.snapshot(stage, snap) == snap and open(os.path.join(snap, "config.json")).read() == "config.json:run one"
+    assert Path(os.path.join(snap, "config.json")).read_text() == "config.json:run one"
+    assert (
+        dirs.snapshot(stage, snap) == snap
+        and Path(os.path.join(snap, "config.json")).read_text() == "config.json:run one"
+    )
     # an S3 root: a copy of the version the pointer names, itself a pulled directory
     monkeypatch.setenv("RSTAR_CACHE", str(tmp_path / "cache"))
     uri = f"{s3}/snap/models/rl1"
@@ -87,5 +103,5 @@ def test_a_snapshot_keeps_a_registered_version_while_the_stage_directory_is_repl
     _fill(dirs.local_dir(uri), "two")
     dirs.push(uri)  # removes the version the snapshot was taken from
     monkeypatch.setenv("RSTAR_CACHE", str(tmp_path / "reader"))
-    assert open(os.path.join(dirs.pull(remote), "config.json")).read() == "config.json:one"
-    assert open(os.path.join(dirs.pull(uri), "config.json")).read() == "config.json:two"
+    assert Path(os.path.join(dirs.pull(remote), "config.json")).read_text() == "config.json:one"
+    assert Path(os.path.join(dirs.pull(uri), "config.json")).read_text() == "config.json:two"

@@ -1,8 +1,16 @@
 """The final verdict (did the recipe learn?) and the robustness benchmark's plan and table."""
+
 import pytest
 
 from rstar.pipeline.config import load_recipe
-from rstar.pipeline.robustness import Variant, meets, native_capability, seed_overrides, table, variants
+from rstar.pipeline.robustness import (
+    Variant,
+    meets,
+    native_capability,
+    seed_overrides,
+    table,
+    variants,
+)
 from rstar.pipeline.verdict import Expect, verdict
 
 
@@ -18,12 +26,24 @@ def test_a_recipe_that_learnt_is_said_to_have_learnt():
     assert not any("copy probes" in line for line in lines)
 
 
-@pytest.mark.parametrize("acc, failing", [
-    ({"sft": 0.07, "rl1": 0.10, "rl2": 0.50, "rl3": 0.60}, "rl1 held-out 0.070 -> 0.100"),   # stage 1 flat
-    ({"sft": 0.07, "rl1": 0.30, "rl2": 0.30, "rl3": 0.35}, "the recipe, sft 0.070 -> rl3 0.350"),  # too little overall
-])
+@pytest.mark.parametrize(
+    "acc, failing",
+    [
+        (
+            {"sft": 0.07, "rl1": 0.10, "rl2": 0.50, "rl3": 0.60},
+            "rl1 held-out 0.070 -> 0.100",
+        ),  # stage 1 flat
+        (
+            {"sft": 0.07, "rl1": 0.30, "rl2": 0.30, "rl3": 0.35},
+            "the recipe, sft 0.070 -> rl3 0.350",
+        ),  # too little overall
+    ],
+)
 def test_a_recipe_that_did_not_learn_is_told_plainly_with_the_copy_probes(acc, failing):
-    copying = {"base": {"copy_repeat": 0.95}, "sft": {"copy_into_call": 0.95, "copy_read_back": 0.15}}
+    copying = {
+        "base": {"copy_repeat": 0.95},
+        "sft": {"copy_into_call": 0.95, "copy_read_back": 0.15},
+    }
     learnt, lines = verdict(_summaries(**acc), Expect(0.10, 0.40), copying)
     assert learnt is False
     assert any(line.startswith("DID NOT LEARN") and failing in line for line in lines)
@@ -43,7 +63,10 @@ def test_robustness_runs_vary_seeds_kernels_and_threads():
     assert len(one_thread) == 1 and one_thread[0].seed == 0
     # every seeded part moves with the seed, the shipped base stays unless it is rebuilt
     over = seed_overrides(recipe, 2, rebuild_base=False)
-    assert over["sft.seed"] == recipe.sft.seed + 2 and over["sft.train.seed"] == recipe.sft.train.seed + 2
+    assert (
+        over["sft.seed"] == recipe.sft.seed + 2
+        and over["sft.train.seed"] == recipe.sft.train.seed + 2
+    )
     assert [over[f"rl.{i}.seed"] for i in range(len(recipe.rl))] == [s.seed + 2 for s in recipe.rl]
     assert "base.shipped" not in over
     rebuilt = seed_overrides(recipe, 1, rebuild_base=True)
@@ -54,8 +77,14 @@ def test_robustness_runs_vary_seeds_kernels_and_threads():
 
 
 def test_robustness_targets_hold_per_run_not_on_the_mean():
-    good = {"accuracy": {"sft": 0.2, "rl1": 0.7, "rl2": 0.8, "rl3": 0.8}, "recipe_seconds": 400,
-            "metrics": {"base": {"copy_repeat": 1.0}, "sft": {"copy_into_call": 0.95, "copy_read_back": 0.95}}}
+    good = {
+        "accuracy": {"sft": 0.2, "rl1": 0.7, "rl2": 0.8, "rl3": 0.8},
+        "recipe_seconds": 400,
+        "metrics": {
+            "base": {"copy_repeat": 1.0},
+            "sft": {"copy_into_call": 0.95, "copy_read_back": 0.95},
+        },
+    }
     bad = {**good, "accuracy": {"sft": 0.07, "rl1": 0.1, "rl2": 0.1, "rl3": 0.13}}
     assert all(meets(good).values())
     assert meets(bad) == {"sft": True, "final": False, "gain": False}

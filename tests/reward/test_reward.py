@@ -1,24 +1,64 @@
 """The reward decides what the model learns: a broad table of equal and unequal answers,
 extraction traps, and batch scoring."""
+
 import pytest
 
-from rstar.reward import BatchScorer, ScoreItem, boxed_contents, extract_answer, normalize_integer, score, verify
+from rstar.reward import (
+    BatchScorer,
+    ScoreItem,
+    boxed_contents,
+    extract_answer,
+    normalize_integer,
+    score,
+    verify,
+)
 
 EQUAL = [
-    ("1000", "1000"), ("1,000", "1000"), ("1000.0", "1000"), ("+1000", "1000"), ("\\text{1000}", "1000"),
-    ("$1000$", "1000"), ("1\\,000", "1000"), ("1\\!000", "1000"), ("\\mathrm{42}", "42"), ("042", "42"),
-    ("-7", "-7"), ("-0", "0"), ("12,345,678", "12345678"),
-    (str(2**200), str(2**200)), ("9" * 5000, "9" * 5000),  # past int()'s 4300-digit limit
-    ("2^{100}", str(2**100)), ("10^{5}", "100000"),
-    ("0.5", "\\frac{1}{2}"), ("\\frac{2}{4}", "\\frac12"), ("\\dfrac{3}{6}", "0.5"),
-    ("\\sqrt{8}", "2\\sqrt{2}"), ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"), ("2\\pi", "\\pi \\cdot 2"),
-    ("x=3", "3"), ("[1,2)", "[1,2)"), ("\\{1,2\\}", "\\{2,1\\}"), ("(-\\infty, 0]", "(-\\infty,0]"),
+    ("1000", "1000"),
+    ("1,000", "1000"),
+    ("1000.0", "1000"),
+    ("+1000", "1000"),
+    ("\\text{1000}", "1000"),
+    ("$1000$", "1000"),
+    ("1\\,000", "1000"),
+    ("1\\!000", "1000"),
+    ("\\mathrm{42}", "42"),
+    ("042", "42"),
+    ("-7", "-7"),
+    ("-0", "0"),
+    ("12,345,678", "12345678"),
+    (str(2**200), str(2**200)),
+    ("9" * 5000, "9" * 5000),  # past int()'s 4300-digit limit
+    ("2^{100}", str(2**100)),
+    ("10^{5}", "100000"),
+    ("0.5", "\\frac{1}{2}"),
+    ("\\frac{2}{4}", "\\frac12"),
+    ("\\dfrac{3}{6}", "0.5"),
+    ("\\sqrt{8}", "2\\sqrt{2}"),
+    ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}"),
+    ("2\\pi", "\\pi \\cdot 2"),
+    ("x=3", "3"),
+    ("[1,2)", "[1,2)"),
+    ("\\{1,2\\}", "\\{2,1\\}"),
+    ("(-\\infty, 0]", "(-\\infty,0]"),
 ]
 UNEQUAL = [
-    ("999", "1000"), ("1,00", "100"), ("-1000", "1000"), ("1000.5", "1000"), (str(2**200 + 1), str(2**200)),
-    ("9" * 5000, "9" * 4999 + "8"), ("\\pi", "3.14159"), ("0.5", "\\frac{1}{3}"), ("\\sqrt{2}", "1.41"),
-    ("[1,2)", "[1,2]"), ("\\{1,2\\}", "\\{1,3\\}"), ("x=4", "3"), ("", "3"), ("\\frac{1}{0}", "1"),
-    ("seven", "7"), ("\\boxed{}", "1"),
+    ("999", "1000"),
+    ("1,00", "100"),
+    ("-1000", "1000"),
+    ("1000.5", "1000"),
+    (str(2**200 + 1), str(2**200)),
+    ("9" * 5000, "9" * 4999 + "8"),
+    ("\\pi", "3.14159"),
+    ("0.5", "\\frac{1}{3}"),
+    ("\\sqrt{2}", "1.41"),
+    ("[1,2)", "[1,2]"),
+    ("\\{1,2\\}", "\\{1,3\\}"),
+    ("x=4", "3"),
+    ("", "3"),
+    ("\\frac{1}{0}", "1"),
+    ("seven", "7"),
+    ("\\boxed{}", "1"),
 ]
 
 
@@ -36,29 +76,42 @@ def test_none_prediction_is_wrong():
     assert not verify(None, "1")
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("1,000", "1000"), ("  +12 ", "12"), ("\\text{ 7 }", "7"), ("3.000", "3"), ("1,0000", None), ("1.5", None),
-    ("x", None), ("--3", None), ("-00", "0"),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("1,000", "1000"),
+        ("  +12 ", "12"),
+        ("\\text{ 7 }", "7"),
+        ("3.000", "3"),
+        ("1,0000", None),
+        ("1.5", None),
+        ("x", None),
+        ("--3", None),
+        ("-00", "0"),
+    ],
+)
 def test_integer_normalisation(text, expected):
     assert normalize_integer(text) == expected
 
 
-@pytest.mark.parametrize("response,expected", [
-    # the boxed answer inside <answer> wins over one written while reasoning
-    ("<reason>try \\boxed{5}</reason><answer>The answer is \\boxed{6}.</answer>", "6"),
-    # several <answer> blocks: the last one counts; several boxes inside it: the last one
-    ("<answer>\\boxed{1}</answer> wait <answer>\\boxed{2} or \\boxed{3}</answer>", "3"),
-    ("<answer>\\boxed{\\frac{a}{b^{2}}}</answer>", "\\frac{a}{b^{2}}"),  # nested braces
-    ("<answer>\\boxed{a \\{ b}</answer>", "a \\{ b"),  # escaped braces are content
-    ("<answer>\\boxed {12}</answer>", "12"),
-    ("<answer>\\fbox{12}</answer>", "12"),
-    ("<answer>\\boxed{12</answer>", None),  # unbalanced: no answer
-    ("<answer>12</answer>", None),  # no box at all
-    ("no tags, but \\boxed{4} and finally \\boxed{9}", "9"),  # fallback: the last box anywhere
-    ("<answer>no box</answer> but \\boxed{8} before", "8"),  # fallback when <answer> holds none
-    ("", None),
-])
+@pytest.mark.parametrize(
+    "response,expected",
+    [
+        # the boxed answer inside <answer> wins over one written while reasoning
+        ("<reason>try \\boxed{5}</reason><answer>The answer is \\boxed{6}.</answer>", "6"),
+        # several <answer> blocks: the last one counts; several boxes inside it: the last one
+        ("<answer>\\boxed{1}</answer> wait <answer>\\boxed{2} or \\boxed{3}</answer>", "3"),
+        ("<answer>\\boxed{\\frac{a}{b^{2}}}</answer>", "\\frac{a}{b^{2}}"),  # nested braces
+        ("<answer>\\boxed{a \\{ b}</answer>", "a \\{ b"),  # escaped braces are content
+        ("<answer>\\boxed {12}</answer>", "12"),
+        ("<answer>\\fbox{12}</answer>", "12"),
+        ("<answer>\\boxed{12</answer>", None),  # unbalanced: no answer
+        ("<answer>12</answer>", None),  # no box at all
+        ("no tags, but \\boxed{4} and finally \\boxed{9}", "9"),  # fallback: the last box anywhere
+        ("<answer>no box</answer> but \\boxed{8} before", "8"),  # fallback when <answer> holds none
+        ("", None),
+    ],
+)
 def test_extract_answer(response, expected):
     assert extract_answer(response) == expected
 
@@ -83,7 +136,9 @@ def test_score_and_truncation():
 def test_batch_scorer_matches_single_scoring():
     responses = [f"<answer>\\boxed{{{p}}}</answer>" for p, _ in EQUAL + UNEQUAL]
     labels = [g for _, g in EQUAL + UNEQUAL]
-    items = [ScoreItem(r, g) for r, g in zip(responses, labels)] + [ScoreItem(responses[0], labels[0], True)]
+    items = [ScoreItem(r, g) for r, g in zip(responses, labels)] + [
+        ScoreItem(responses[0], labels[0], True)
+    ]
     with BatchScorer(workers=2) as scorer:
         got = scorer.score_many(items)
     assert got == [1.0] * len(EQUAL) + [0.0] * len(UNEQUAL) + [0.0]
@@ -93,10 +148,14 @@ def test_batch_scorer_matches_single_scoring():
 def test_pathological_answer_does_not_stall_the_batch():
     import time
 
-    nasty = "<answer>\\boxed{" + "(" * 300 + "1" + ")" * 300 + "^{" * 50 + "2" + "}" * 50 + "}</answer>"
+    nasty = (
+        "<answer>\\boxed{" + "(" * 300 + "1" + ")" * 300 + "^{" * 50 + "2" + "}" * 50 + "}</answer>"
+    )
     with BatchScorer(workers=2, timeout_s=2) as scorer:
         start = time.monotonic()
-        got = scorer.score_many([ScoreItem(nasty, "3")] * 2 + [ScoreItem("<answer>\\boxed{3}</answer>", "3")])
+        got = scorer.score_many(
+            [ScoreItem(nasty, "3")] * 2 + [ScoreItem("<answer>\\boxed{3}</answer>", "3")]
+        )
         assert time.monotonic() - start < 20
     assert got == [0.0, 0.0, 1.0]
 
@@ -133,7 +192,9 @@ def _cannot_start():
 def test_workers_that_never_start_raise_a_clear_error(monkeypatch):
     import importlib
 
-    score_module = importlib.import_module("rstar.reward.score")  # rstar.reward.score is also a function
+    score_module = importlib.import_module(
+        "rstar.reward.score"
+    )  # rstar.reward.score is also a function
     monkeypatch.setattr(score_module, "_warm_up", _cannot_start)
     monkeypatch.setattr(score_module, "START_TIMEOUT_S", 3)
     with BatchScorer(workers=1) as scorer:
@@ -154,7 +215,7 @@ def test_a_check_arms_no_alarm_in_a_worker_and_works_off_the_main_thread(monkeyp
     armed = []
     real_alarm = signal.alarm
     monkeypatch.setattr(signal, "alarm", lambda s: armed.append(s) or real_alarm(s))
-    assert BatchScorer.check(("0.5", "\\frac{1}{2}")) is True   # what a pool worker runs
+    assert BatchScorer.check(("0.5", "\\frac{1}{2}")) is True  # what a pool worker runs
     assert [s for s in armed if s] == []
     found = []
     worker = threading.Thread(target=lambda: found.append(symbolic_equal("0.5", "\\frac{1}{2}")))

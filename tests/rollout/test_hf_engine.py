@@ -1,4 +1,5 @@
 """The local engine: continuous batching gives what one-at-a-time greedy decoding gives."""
+
 import asyncio
 
 import pytest
@@ -16,9 +17,15 @@ def model(tiny_dir):
 
 def reference_greedy(model, prompt, n):
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("stagger", [0.01, 0.0])
@@ -31,15 +38,21 @@ async def test_batched_greedy_matches_unbatched(model, stagger):
 
     async def one(i):
         await asyncio.sleep(stagger * i)
-        return await engine.generate(f"r{i}", prompts[i], {"max_tokens": max_tokens[i], "temperature": 0})
+        return await engine.generate(
+            f"r{i}", prompts[i], {"max_tokens": max_tokens[i], "temperature": 0}
+        )
 
     gens = await asyncio.gather(*(one(i) for i in range(6)))
     await engine.close()
     for p, n, g in zip(prompts, max_tokens, gens):
         assert g.token_ids == reference_greedy(model, p, n)
-        with torch.no_grad():  # the same distributions, not only the same argmax (positions, padding)
-            logits = model(torch.tensor([p + g.token_ids])).logits[0, len(p) - 1:-1]
-        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
+        with (
+            torch.no_grad()
+        ):  # the same distributions, not only the same argmax (positions, padding)
+            logits = model(torch.tensor([p + g.token_ids])).logits[0, len(p) - 1 : -1]
+        expected = (
+            torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)
+        )
         assert g.log_probs == pytest.approx(expected.tolist(), abs=1e-4)
         assert g.stop_reason == "length" and len(g.log_probs) == len(g.entropies) == n
         assert all(lp <= 0 for lp in g.log_probs) and all(e >= 0 for e in g.entropies)
@@ -50,8 +63,13 @@ async def test_stop_tokens_sampling_and_reproducibility(model):
     engine = HFEngine(model, seed=3)
     first = await engine.generate("a", [7, 8, 9], {"max_tokens": 30, "temperature": 0})
     stop = first.token_ids[2]
-    g = await engine.generate("b", [7, 8, 9], {"max_tokens": 30, "temperature": 0, "stop_token_ids": [stop]})
-    assert g.token_ids == first.token_ids[:first.token_ids.index(stop) + 1] and g.stop_reason == "stop"
+    g = await engine.generate(
+        "b", [7, 8, 9], {"max_tokens": 30, "temperature": 0, "stop_token_ids": [stop]}
+    )
+    assert (
+        g.token_ids == first.token_ids[: first.token_ids.index(stop) + 1]
+        and g.stop_reason == "stop"
+    )
     s1 = await engine.generate("same-id", [7, 8, 9], {"max_tokens": 15, "temperature": 1.0})
     s2 = await engine.generate("same-id", [7, 8, 9], {"max_tokens": 15, "temperature": 1.0})
     s3 = await engine.generate("other-id", [7, 8, 9], {"max_tokens": 15, "temperature": 1.0})
@@ -59,5 +77,7 @@ async def test_stop_tokens_sampling_and_reproducibility(model):
     # the reported log-prob is the log-prob of the sampled token under the sampled distribution
     with torch.no_grad():
         logits = model(torch.tensor([[7, 8, 9]])).logits[0, -1]
-    assert s1.log_probs[0] == pytest.approx(float(torch.log_softmax(logits, -1)[s1.token_ids[0]]), abs=1e-4)
+    assert s1.log_probs[0] == pytest.approx(
+        float(torch.log_softmax(logits, -1)[s1.token_ids[0]]), abs=1e-4
+    )
     await engine.close()

@@ -1,4 +1,5 @@
 """Real engine replicas as Ray actors: a replica killed mid-run loses no request."""
+
 import asyncio
 import os
 
@@ -10,7 +11,9 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def local_ray():
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False, log_to_driver=False
+    )
     yield
     ray.shutdown()
 
@@ -42,7 +45,12 @@ def test_evaluation_through_engine_replicas_behind_the_balanced_scheduler(local_
     from rstar.eval.run import EvalConfig, evaluate_model
 
     problems = synth.generate(3, seed=2, levels=(1,))
-    records, summary = evaluate_model(tiny_dir, problems, EvalConfig(k=2, max_response_tokens=16, max_turns=1),
-                                      replicas=2, kind="hf")
+    records, summary = evaluate_model(
+        tiny_dir,
+        problems,
+        EvalConfig(k=2, max_response_tokens=16, max_turns=1),
+        replicas=2,
+        kind="hf",
+    )
     assert len(records) == 6 and {r["problem_id"] for r in records} == {p["id"] for p in problems}
     assert sum(m["samples"] for m in summary.values()) == 6

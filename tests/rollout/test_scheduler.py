@@ -1,6 +1,7 @@
 """The balanced scheduler: never over-commits a replica's KV cache, re-queues what a dead
 replica held (nothing lost, nothing duplicated), prefers the replica with the most room and
 the one a rollout last ran on; the static split assigns rollouts round robin."""
+
 import asyncio
 
 import pytest
@@ -38,14 +39,29 @@ class FakeReplica:
 def test_plan_dispatch():
     up = [True] * 3
     assert plan_dispatch([10, 50, 30], up, [], [20]) == ([], [1])  # a new rollout: the most free KV
-    assert plan_dispatch([10, 50, 30], [True, False, True], [], [20]) == ([], [2])  # never a dead replica
+    assert plan_dispatch([10, 50, 30], [True, False, True], [], [20]) == (
+        [],
+        [2],
+    )  # never a dead replica
     assert plan_dispatch([10, 50, 30], up, [(20, 2)], []) == ([2], [])  # a later turn goes home...
-    assert plan_dispatch([10, 50, 30], up, [(20, 0)], []) == ([1], [])  # ...or, home full, moves to room
-    assert plan_dispatch([10, 50, 30], [True, False, True], [(20, 1)], []) == ([2], [])  # home dead: moves
+    assert plan_dispatch([10, 50, 30], up, [(20, 0)], []) == (
+        [1],
+        [],
+    )  # ...or, home full, moves to room
+    assert plan_dispatch([10, 50, 30], [True, False, True], [(20, 1)], []) == (
+        [2],
+        [],
+    )  # home dead: moves
     # a full home is held: nothing else takes its room, not a new rollout, not a moving request
     assert plan_dispatch([10, 25, 5], up, [(20, 0), (30, 1)], [20]) == ([None, None], [])
-    assert plan_dispatch([30, 10], [True, True], [(20, 1)], [20]) == ([0], [])  # moves go before new rollouts
-    assert plan_dispatch([30, 40], [True, True], [], [50, 10]) == ([], [])  # first come, first served
+    assert plan_dispatch([30, 10], [True, True], [(20, 1)], [20]) == (
+        [0],
+        [],
+    )  # moves go before new rollouts
+    assert plan_dispatch([30, 40], [True, True], [], [50, 10]) == (
+        [],
+        [],
+    )  # first come, first served
     free = [60, 40]
     assert plan_dispatch(free, [True, True], [], [50, 10, 10]) == ([], [0, 1, 1])
     assert free == [10, 20]  # placements are taken off the free KV
@@ -55,8 +71,10 @@ async def test_no_overcommit_and_nothing_lost_when_a_replica_dies():
     reps = [FakeReplica("a", 400, die_after=5), FakeReplica("b", 400), FakeReplica("c", 250)]
     sched = BalancedScheduler(reps, [400, 400, 250])
     prompts = {f"rollout{i}/1": list(range(i % 50 + 10)) for i in range(120)}
-    results = await asyncio.gather(*(sched.generate(rid, p, {"max_tokens": 100}) for rid, p in prompts.items()))
-    for (rid, p), g in zip(prompts.items(), results):
+    results = await asyncio.gather(
+        *(sched.generate(rid, p, {"max_tokens": 100}) for rid, p in prompts.items())
+    )
+    for (_rid, p), g in zip(prompts.items(), results):
         assert g.token_ids == [sum(p) % 1000, len(p)]  # each answer is its own request's
     served = reps[0].served + reps[1].served + reps[2].served
     assert sorted(served) == sorted(prompts)  # every request served exactly once
@@ -80,7 +98,11 @@ async def test_a_later_turn_moves_off_a_full_replica_instead_of_waiting():
     sched.home["r"] = 0
     sched.replicas[0].reserved = 400  # replica a is full with other rollouts
     g = await asyncio.wait_for(sched.generate("r/2", list(range(100)), {"max_tokens": 100}), 5)
-    assert g.token_ids == [sum(range(100)) % 1000, 100] and b.served == ["r/2"] and sched.home["r"] == 1
+    assert (
+        g.token_ids == [sum(range(100)) % 1000, 100]
+        and b.served == ["r/2"]
+        and sched.home["r"] == 1
+    )
 
 
 async def test_requests_too_big_for_any_replica_are_refused():
@@ -104,19 +126,36 @@ class CountingReplica:
         self.live_kv -= need
         start = len(prompt_ids)
         out = list(range(start, min(start + params["max_tokens"], self.end)))
-        return Generation(out, [0.0] * len(out), [0.5] * len(out), "stop" if start + len(out) >= self.end else "length")
+        return Generation(
+            out,
+            [0.0] * len(out),
+            [0.5] * len(out),
+            "stop" if start + len(out) >= self.end else "length",
+        )
 
 
 async def test_chunked_generation_continues_a_turn_within_small_reservations():
     rep = CountingReplica(capacity=120, end=100)
     sched = BalancedScheduler([rep], 120, chunk_tokens=16)
-    gens = await asyncio.gather(*(sched.generate(f"r{i}/1", list(range(10)), {"max_tokens": 500}) for i in range(4)))
+    gens = await asyncio.gather(
+        *(sched.generate(f"r{i}/1", list(range(10)), {"max_tokens": 500}) for i in range(4))
+    )
     for g in gens:  # the same tokens one unchunked request would give, ended by the engine
-        assert g.token_ids == list(range(10, 100)) and g.stop_reason == "stop" and len(g.entropies) == 90
-    assert rep.peak <= 120 and rep.requests == 4 * 6  # 90 tokens in chunks of 16; never over-committed
+        assert (
+            g.token_ids == list(range(10, 100))
+            and g.stop_reason == "stop"
+            and len(g.entropies) == 90
+        )
+    assert (
+        rep.peak <= 120 and rep.requests == 4 * 6
+    )  # 90 tokens in chunks of 16; never over-committed
     short = await sched.generate("s/1", list(range(10)), {"max_tokens": 40})
-    assert short.token_ids == list(range(10, 50)) and short.stop_reason == "length"  # the budget still binds
-    with pytest.raises(ValueError, match="needs 510 KV tokens"):  # unchunked, the whole budget is reserved
+    assert (
+        short.token_ids == list(range(10, 50)) and short.stop_reason == "length"
+    )  # the budget still binds
+    with pytest.raises(
+        ValueError, match="needs 510 KV tokens"
+    ):  # unchunked, the whole budget is reserved
         await BalancedScheduler([rep], 120).generate("u/1", list(range(10)), {"max_tokens": 500})
 
 
@@ -135,18 +174,27 @@ async def test_agent_loop_over_two_real_replicas(tiny_dir, tokenizer, agent_sand
     from rstar.agent.loop import AgentLoop, LoopConfig
     from rstar.rollout.hf_engine import HFEngine
 
-    engines = [HFEngine(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32), seed=s) for s in (0, 1)]
+    engines = [
+        HFEngine(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32), seed=s)
+        for s in (0, 1)
+    ]
     sched = BalancedScheduler(engines, 4096)
-    loop = AgentLoop(sched, tokenizer, agent_sandbox, LoopConfig(max_response_tokens=48, max_turns=2))
+    loop = AgentLoop(
+        sched, tokenizer, agent_sandbox, LoopConfig(max_response_tokens=48, max_turns=2)
+    )
     trajs = await loop.run_many([(f"p{i}", f"What is {i} + {i}?") for i in range(6)])
     assert all(len(t.response_ids) <= 48 and t.finish_reason for t in trajs)
-    assert all(s.served > 0 for s in sched.replicas) and all(s.reserved == 0 for s in sched.replicas)
+    assert all(s.served > 0 for s in sched.replicas) and all(
+        s.reserved == 0 for s in sched.replicas
+    )
     for e in engines:
         await e.close()
 
 
-@pytest.mark.parametrize("seed,replicas,capacity,tight", [(1, 4, 60_000, False), (2, 3, 20_000, True),
-                                                          (3, 8, 150_000, False)])
+@pytest.mark.parametrize(
+    "seed,replicas,capacity,tight",
+    [(1, 4, 60_000, False), (2, 3, 20_000, True), (3, 8, 150_000, False)],
+)
 def test_simulation_invariants(seed, replicas, capacity, tight):
     work = Workload.long_tail(16 * replicas, seed=seed)
     model = ReplicaModel(a=0.02, c=0.001, prefill_s_per_token=1e-5, capacity=capacity)
@@ -156,6 +204,8 @@ def test_simulation_invariants(seed, replicas, capacity, tight):
     assert balanced.evictions == 0 and balanced.max_kv_use <= 1.0
     # where the caches fill, later turns move off full replicas and recompute their context
     assert (balanced.moved > 0 and balanced.recomputed_tokens > 0) == tight
-    assert static.makespan_s >= bound * 0.999 and balanced.makespan_s >= bound * 0.999  # a valid bound
+    assert (
+        static.makespan_s >= bound * 0.999 and balanced.makespan_s >= bound * 0.999
+    )  # a valid bound
     assert 0 <= balanced.idle_fraction < 1 and 0 <= static.idle_fraction < 1
     assert simulate(work, model, replicas, "balanced", gen_chunk=256) == balanced  # deterministic

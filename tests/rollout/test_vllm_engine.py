@@ -1,4 +1,5 @@
 """vLLM behind the engine interface: same greedy tokens as the local engine. Needs a GPU."""
+
 import pytest
 import torch
 

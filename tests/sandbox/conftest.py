@@ -11,8 +11,15 @@ SLOTS = 6
 
 
 def small_config(**overrides) -> SandboxConfig:
-    base = dict(lean_executors=1, warm_executors=1, slots_per_executor=SLOTS, timeout_s=5.0, cpu_time_s=3,
-                uid_base=UID_BASE, batch_window_ms=1.0)
+    base = {
+        "lean_executors": 1,
+        "warm_executors": 1,
+        "slots_per_executor": SLOTS,
+        "timeout_s": 5.0,
+        "cpu_time_s": 3,
+        "uid_base": UID_BASE,
+        "batch_window_ms": 1.0,
+    }
     base.update(overrides)
     return SandboxConfig(**base)
 

@@ -10,13 +10,16 @@ def test_shipped_yaml_loads_and_matches_defaults():
         assert getattr(cfg, key) == getattr(defaults, key)
 
 
-@pytest.mark.parametrize("text,message", [
-    ("timeout_s: soon\n", "timeout_s must be float"),
-    ("memroy_mb: 10\n", "unknown sandbox config keys: ['memroy_mb']"),
-    ("- a list\n", "expected a mapping"),
-    ("cpu_time_s: -1\n", "cpu_time_s must be >= 0"),
-    ("isolation: maybe\n", "isolation must be 'strict' or 'auto'"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("timeout_s: soon\n", "timeout_s must be float"),
+        ("memroy_mb: 10\n", "unknown sandbox config keys: ['memroy_mb']"),
+        ("- a list\n", "expected a mapping"),
+        ("cpu_time_s: -1\n", "cpu_time_s must be >= 0"),
+        ("isolation: maybe\n", "isolation must be 'strict' or 'auto'"),
+    ],
+)
 def test_bad_yaml_names_the_file_and_the_key(tmp_path, text, message):
     path = tmp_path / "sb.yaml"
     path.write_text(text)

@@ -1,5 +1,6 @@
 """Hostile code is contained: each attack gets a clear status, leaves no process behind,
 changes nothing on the host, and the service keeps serving."""
+
 import os
 import socket
 import threading
@@ -52,7 +53,9 @@ async def test_detached_children_die_with_their_call(sandbox, still_healthy, no_
     r = await run_attack(sandbox, "detached sleeper")
     assert r.stdout == "parent exits, child detached\n"
     # also a detached process started through subprocess, in its own session
-    r = await sandbox.run("import subprocess\nsubprocess.Popen(['sleep', '600'], start_new_session=True)\n'spawned'")
+    r = await sandbox.run(
+        "import subprocess\nsubprocess.Popen(['sleep', '600'], start_new_session=True)\n'spawned'"
+    )
     assert r.status is Status.OK and r.value == "'spawned'", r.stderr
 
 
@@ -66,10 +69,15 @@ async def test_writes_outside_the_workdir_fail(sandbox, still_healthy, no_leftov
     for target in (tmp_path / "pwned", "/tmp/rstar-pwned", os.path.join(os.getcwd(), "pwned")):
         r = await run_attack(sandbox, "write outside", path=str(target))
         # /tmp is a private empty tmpfs for calls, so a host path there does not even exist
-        assert r.reason.split(":")[0] in ("PermissionError", "OSError", "FileNotFoundError"), r.reason
+        assert r.reason.split(":")[0] in ("PermissionError", "OSError", "FileNotFoundError"), (
+            r.reason
+        )
         assert not os.path.exists(target)
     # its own working directory is writable, private, and gone afterwards
-    r = await sandbox.run("import os\nopen('mine.txt', 'w').write('ok')\nos.getcwd(), oct(os.stat('.').st_mode & 0o777)")
+    r = await sandbox.run(
+        "import os\nopen('mine.txt', 'w').write('ok')\nos.getcwd(), oct(os.stat('.').st_mode & "
+        "0o777)"
+    )
     assert r.status is Status.OK and r.value.endswith("'0o700')")
     workdir = r.value.split("'")[1]
     r = await sandbox.run(f"import os\nos.path.exists({workdir + '/mine.txt'!r})")
@@ -120,7 +128,10 @@ async def test_cannot_kill_the_executor(sandbox, still_healthy, no_leftovers):
 
 
 async def test_setuid_binaries_grant_nothing(sandbox, still_healthy, no_leftovers):
-    r = await sandbox.run("import subprocess\nsubprocess.run(['su', '-c', 'id'], capture_output=True, text=True).returncode != 0 or 'escaped'")
+    r = await sandbox.run(
+        "import subprocess\nsubprocess.run(['su', '-c', 'id'], capture_output=True, "
+        "text=True).returncode != 0 or 'escaped'"
+    )
     assert r.status in (Status.OK, Status.ERROR)
     assert "escaped" not in (r.value or "")
 
@@ -133,7 +144,9 @@ async def test_all_attacks_at_once(sandbox, still_healthy, no_leftovers, tmp_pat
     assert [r.status in a.expect for a, r in zip(ATTACKS, results)] == [True] * len(ATTACKS)
 
 
-async def test_two_services_on_one_host_take_their_own_uids_and_spare_each_others_calls(still_healthy):
+async def test_two_services_on_one_host_take_their_own_uids_and_spare_each_others_calls(
+    still_healthy,
+):
     """Both configured with the same uid_base: the second leases the next block, so the first's
     clean-up (which kills every process of a call's uid) cannot touch the second's calls."""
     import asyncio
@@ -143,9 +156,14 @@ async def test_two_services_on_one_host_take_their_own_uids_and_spare_each_other
 
     cfg = small_config(uid_base=420_000)
     async with SandboxService(cfg) as first, SandboxService(cfg) as second:
-        starts = [{h.uid_start for hs in s.nodes[0].pool.executors.values() for h in hs} for s in (first, second)]
+        starts = [
+            {h.uid_start for hs in s.nodes[0].pool.executors.values() for h in hs}
+            for s in (first, second)
+        ]
         assert not starts[0] & starts[1] and min(starts[1]) >= 421_000
-        slow = asyncio.ensure_future(second.run("import os, time\ntime.sleep(1.5)\nos.getuid()", timeout_s=10))
+        slow = asyncio.ensure_future(
+            second.run("import os, time\ntime.sleep(1.5)\nos.getuid()", timeout_s=10)
+        )
         await asyncio.sleep(0.3)
         results = await asyncio.gather(*(first.run("import os\nos.getuid()") for _ in range(12)))
         assert all(r.ok for r in results)

@@ -1,5 +1,6 @@
 """Resilience: calls survive a dead executor, a dead worker node, and a service that is not up yet;
 the client batches, bounds what it has in flight, and honours deadlines."""
+
 import asyncio
 import os
 import signal
@@ -34,8 +35,12 @@ async def test_call_survives_its_executor_dying():
 def cluster():
     """A head that only dispatches, and two worker nodes on loopback that join it."""
     with SandboxProcess("--no-local", "--batch-size", "8") as head:
-        workers = [SandboxProcess("--executors", "1", "--slots", "4", "--uid-base", str(base), "--join", head.url)
-                   for base in (360_000, 370_000)]
+        workers = [
+            SandboxProcess(
+                "--executors", "1", "--slots", "4", "--uid-base", str(base), "--join", head.url
+            )
+            for base in (360_000, 370_000)
+        ]
         for w in workers:
             w.start()
         deadline = time.monotonic() + 60
@@ -50,7 +55,9 @@ def cluster():
 async def test_two_worker_nodes_share_the_load(cluster):
     head, workers = cluster
     async with SandboxClient(head.url, batch_size=8) as client:
-        results = await client.run_many([ExecRequest(f"import time\ntime.sleep(0.05)\n{i}") for i in range(64)])
+        results = await client.run_many(
+            [ExecRequest(f"import time\ntime.sleep(0.05)\n{i}") for i in range(64)]
+        )
     assert [r.value for r in results] == [str(i) for i in range(64)]
     assert {r.extra["node"] for r in results} == {w.url for w in workers}
 
@@ -59,8 +66,11 @@ async def test_killing_a_worker_mid_batch_loses_no_call(cluster):
     head, (doomed, survivor) = cluster
     n = 96
     async with SandboxClient(head.url, batch_size=8) as client:
-        calls = asyncio.create_task(client.run_many(
-            [ExecRequest(f"import time\ntime.sleep(0.1)\nprint({i})") for i in range(n)]))
+        calls = asyncio.create_task(
+            client.run_many(
+                [ExecRequest(f"import time\ntime.sleep(0.1)\nprint({i})") for i in range(n)]
+            )
+        )
         await asyncio.sleep(0.6)
         doomed.kill()
         results = await calls
@@ -108,7 +118,9 @@ async def test_client_retries_until_the_service_is_up():
 
 
 async def test_client_gives_up_with_a_clear_status():
-    async with SandboxClient(f"http://127.0.0.1:{free_port()}", retry_for_s=0.3, backoff_s=0.05) as client:
+    async with SandboxClient(
+        f"http://127.0.0.1:{free_port()}", retry_for_s=0.3, backoff_s=0.05
+    ) as client:
         r = await client.run("1")
     assert r.status is Status.REJECTED and "unreachable for 0.3s" in r.reason
 
@@ -118,7 +130,9 @@ async def test_a_restarted_service_loses_no_call_that_still_has_time():
     deadline longer than the outage comes back from the service, none "unreachable" (a fixed
     4 tries with 0.2 s doubling gave up after 1.5-4.5 s, losing calls that had 20 s left)."""
     port = free_port()
-    first = SandboxProcess("--executors", "1", "--slots", "4", "--uid-base", "391000", port=port).start()
+    first = SandboxProcess(
+        "--executors", "1", "--slots", "4", "--uid-base", "391000", port=port
+    ).start()
     second = SandboxProcess("--executors", "1", "--slots", "4", "--uid-base", "391500", port=port)
     async with SandboxClient(first.url, batch_size=8, backoff_s=0.2) as client:
         assert (await client.run("1")).ok
@@ -126,11 +140,15 @@ async def test_a_restarted_service_loses_no_call_that_still_has_time():
         restart = threading.Timer(5.0, second.start)  # down for longer than 4 doubling tries take
         restart.start()
         try:
-            results = await client.run_many([ExecRequest(f"{i}*2") for i in range(20)], deadline_s=60)
+            results = await client.run_many(
+                [ExecRequest(f"{i}*2") for i in range(20)], deadline_s=60
+            )
         finally:
             restart.join()
     try:
-        assert [r.status for r in results] == [Status.OK] * 20, [r.reason for r in results if not r.ok][:3]
+        assert [r.status for r in results] == [Status.OK] * 20, [
+            r.reason for r in results if not r.ok
+        ][:3]
         assert [r.value for r in results] == [str(i * 2) for i in range(20)]
         assert max(r.attempts for r in results) > 4
     finally:

@@ -1,4 +1,5 @@
 """Tool semantics: stdout, notebook values, stdin, errors, limits, statuses."""
+
 import msgspec
 import pytest
 
@@ -22,13 +23,18 @@ async def test_final_expression_none_and_not_notebook(sandbox):
 
 
 async def test_stdin_is_a_real_file(sandbox):
-    r = await sandbox.run("import sys, os\nprint(os.fstat(0).st_size)\nprint(input()[::-1])\nprint(sys.stdin.read())",
-                          "abc\nrest")
+    r = await sandbox.run(
+        "import sys, os\nprint(os.fstat(0).st_size)\nprint(input()[::-1])\nprint(sys.stdin.read())",
+        "abc\nrest",
+    )
     assert r.stdout == "8\ncba\nrest\n"
 
 
 async def test_error_has_trimmed_traceback(sandbox):
-    code = "from fractions import Fraction\ndef parse(s):\n    return Fraction(s)\nparse('not a number')"
+    code = (
+        "from fractions import Fraction\ndef parse(s):\n    return Fraction(s)\n"
+        "parse('not a number')"
+    )
     r = await sandbox.run(code)
     assert r.status is Status.ERROR and r.exit_code == 1
     assert r.reason == "ValueError: Invalid literal for Fraction: 'not a number'"
@@ -41,7 +47,9 @@ async def test_deep_library_traceback_is_cut(sandbox):
     r = await sandbox.run("import json\njson.loads('{bad json')")
     assert r.status is Status.ERROR
     assert "library frames omitted" in r.stderr
-    assert r.stderr.count('File "') == 1 + 2  # the snippet's frame and the two innermost library frames
+    assert (
+        r.stderr.count('File "') == 1 + 2
+    )  # the snippet's frame and the two innermost library frames
 
 
 async def test_syntax_error_needs_no_process(sandbox):
@@ -50,11 +58,14 @@ async def test_syntax_error_needs_no_process(sandbox):
     assert r.wall_s == 0.0
 
 
-@pytest.mark.parametrize("code,status,exit_code", [
-    ("import sys\nsys.exit()", Status.OK, 0),
-    ("import sys\nsys.exit(3)", Status.ERROR, 3),
-    ("raise SystemExit('bye')", Status.ERROR, 1),
-])
+@pytest.mark.parametrize(
+    "code,status,exit_code",
+    [
+        ("import sys\nsys.exit()", Status.OK, 0),
+        ("import sys\nsys.exit(3)", Status.ERROR, 3),
+        ("raise SystemExit('bye')", Status.ERROR, 1),
+    ],
+)
 async def test_exit_codes(sandbox, code, status, exit_code):
     r = await sandbox.run(code)
     assert (r.status, r.exit_code) == (status, exit_code)
@@ -102,7 +113,11 @@ async def test_warm_and_lean_routing(sandbox):
     assert r.status is Status.OK and r.value == "True"
     r = await sandbox.run("import numpy as np\nint(np.arange(10).sum())")
     assert r.value == "45"
-    assert imported_modules("import numpy as np, os.path\nfrom sympy import factorint") == {"numpy", "os", "sympy"}
+    assert imported_modules("import numpy as np, os.path\nfrom sympy import factorint") == {
+        "numpy",
+        "os",
+        "sympy",
+    }
     cfg = small_config()
     assert flavour_for("from sympy import Rational", cfg) == "warm"
     assert flavour_for("import math\nprint(math.pi)", cfg) == "lean"
@@ -115,9 +130,15 @@ async def test_many_concurrent_calls_keep_order(sandbox):
 
 
 def test_result_round_trip_and_tool_text():
-    r = ExecResult(status=Status.TIMEOUT, stdout="partial\n", reason="wall-clock limit of 1s exceeded",
-                   extra={"node": "local"})
-    assert decode_results(encode_json({"results": [r]})).results == [r]  # the wire format round-trips
+    r = ExecResult(
+        status=Status.TIMEOUT,
+        stdout="partial\n",
+        reason="wall-clock limit of 1s exceeded",
+        extra={"node": "local"},
+    )
+    assert decode_results(encode_json({"results": [r]})).results == [
+        r
+    ]  # the wire format round-trips
     with pytest.raises(msgspec.ValidationError, match="results"):
         decode_results(b'{"results": [{"status": "fine"}]}')
     assert r.tool_text() == "partial\nTimeout: wall-clock limit of 1s exceeded"
@@ -127,7 +148,11 @@ async def test_warnings_from_compiling_model_code_do_not_reach_the_services_log(
     from rstar.sandbox.service import SandboxService
     from tests.sandbox.conftest import small_config
 
-    async with SandboxService(small_config(uid_base=305_000)) as sb:  # its executors write to this test's stderr
-        r = await sb.run("x = 300\nx is 300")  # '"is" with a literal': a SyntaxWarning at compile time
+    async with SandboxService(
+        small_config(uid_base=305_000)
+    ) as sb:  # its executors write to this test's stderr
+        r = await sb.run(
+            "x = 300\nx is 300"
+        )  # '"is" with a literal': a SyntaxWarning at compile time
     assert r.ok and r.value in ("True", "False")
     assert "SyntaxWarning" not in capfd.readouterr().err

@@ -1,5 +1,6 @@
 """The single-machine GRPO-RoC trainer: a few real steps (tiny model, local engine, sandbox),
 metrics, checkpoints, and resume giving the same result as an uninterrupted run."""
+
 import json
 import os
 
@@ -12,15 +13,25 @@ from rstar.train.rl import RLTrainer
 
 
 def cfg(steps):
-    return StageConfig(steps=steps, prompts_per_step=2, roc=RoCConfig(group_size=2), max_response_tokens=24,
-                       max_turns=2, lr=1e-3, warmup_steps=1, seed=7)
+    return StageConfig(
+        steps=steps,
+        prompts_per_step=2,
+        roc=RoCConfig(group_size=2),
+        max_response_tokens=24,
+        max_turns=2,
+        lr=1e-3,
+        warmup_steps=1,
+        seed=7,
+    )
 
 
 async def run_trainer(tiny_dir, tokenizer, sandbox, out, steps):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    trainer = RLTrainer(model, tokenizer, synth.generate(10, seed=2, levels=(1,)), sandbox, cfg(steps), out)
+    trainer = RLTrainer(
+        model, tokenizer, synth.generate(10, seed=2, levels=(1,)), sandbox, cfg(steps), out
+    )
     history = await trainer.run()
     return model, history
 
@@ -28,10 +39,27 @@ async def run_trainer(tiny_dir, tokenizer, sandbox, out, steps):
 async def test_rl_steps_checkpoint_and_resume(tiny_dir, tokenizer, agent_sandbox, tmp_path):
     straight, hist = await run_trainer(tiny_dir, tokenizer, agent_sandbox, str(tmp_path / "a"), 3)
     assert [h["step"] for h in hist] == [1, 2, 3]
-    for key in ("reward_mean", "accuracy", "tool_calls_per_rollout", "tool_error_rate", "tool_error_rate_positive",
-                "tool_error_rate_positive_kept", "format_violation_rate", "response_len_mean", "response_len_p95",
-                "truncation_rate", "clip_fraction", "entropy", "tokens_per_s", "time_rollout_s", "time_reward_s", "time_tool_s",
-                "time_update_s", "lr", "grad_norm"):
+    for key in (
+        "reward_mean",
+        "accuracy",
+        "tool_calls_per_rollout",
+        "tool_error_rate",
+        "tool_error_rate_positive",
+        "tool_error_rate_positive_kept",
+        "format_violation_rate",
+        "response_len_mean",
+        "response_len_p95",
+        "truncation_rate",
+        "clip_fraction",
+        "entropy",
+        "tokens_per_s",
+        "time_rollout_s",
+        "time_reward_s",
+        "time_tool_s",
+        "time_update_s",
+        "lr",
+        "grad_norm",
+    ):
         assert key in hist[-1]
     assert hist[-1]["kept"] == 2 * 2  # prompts x G, from 2G sampled each
     assert os.path.exists(tmp_path / "a" / "checkpoint" / "model.safetensors")
@@ -45,7 +73,9 @@ async def test_rl_steps_checkpoint_and_resume(tiny_dir, tokenizer, agent_sandbox
         assert torch.allclose(a, b, atol=1e-5), name
 
 
-async def test_a_save_killed_midway_leaves_a_checkpoint_to_resume_from(tiny_dir, tokenizer, agent_sandbox, tmp_path):
+async def test_a_save_killed_midway_leaves_a_checkpoint_to_resume_from(
+    tiny_dir, tokenizer, agent_sandbox, tmp_path
+):
     """The two places a kill can land inside `save`: while deleting the replaced checkpoint
     (a `.old` is left next to the new one: the next save must not trip over it), and between
     the two renames (only `.old` is left: resume must find it)."""
@@ -58,8 +88,14 @@ async def test_a_save_killed_midway_leaves_a_checkpoint_to_resume_from(tiny_dir,
 
     async def resume_to(steps):
         model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-        trainer = RLTrainer(model, tokenizer, synth.generate(10, seed=2, levels=(1,)), agent_sandbox, cfg(steps),
-                            str(out))
+        trainer = RLTrainer(
+            model,
+            tokenizer,
+            synth.generate(10, seed=2, levels=(1,)),
+            agent_sandbox,
+            cfg(steps),
+            str(out),
+        )
         history = await trainer.run()
         return trainer, history
 
@@ -74,7 +110,9 @@ async def test_a_save_killed_midway_leaves_a_checkpoint_to_resume_from(tiny_dir,
     assert trainer.started_as == "resumed" and [h["step"] for h in history] == [1, 2, 3]
 
 
-async def test_next_stage_starts_from_the_previous_one(tiny_dir, tokenizer, agent_sandbox, tmp_path):
+async def test_next_stage_starts_from_the_previous_one(
+    tiny_dir, tokenizer, agent_sandbox, tmp_path
+):
     from transformers import AutoModelForCausalLM
 
     problems = synth.generate(10, seed=2, levels=(1,))
@@ -84,7 +122,9 @@ async def test_next_stage_starts_from_the_previous_one(tiny_dir, tokenizer, agen
         c = cfg(1)
         c.name, c.init_from, c.reset_optimizer = "rl2", prev, reset
         model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-        trainer = RLTrainer(model, tokenizer, problems, agent_sandbox, c, str(tmp_path / f"s2-{reset}"))
+        trainer = RLTrainer(
+            model, tokenizer, problems, agent_sandbox, c, str(tmp_path / f"s2-{reset}")
+        )
         assert trainer.try_resume() == "initialised"
         for (name, a), (_, b) in zip(first.state_dict().items(), model.state_dict().items()):
             assert torch.equal(a, b), name  # weights come from stage 1
@@ -120,21 +160,29 @@ def test_mini_batches_take_whole_groups_in_order():
     ids = ["a", "a", "b", "b", "b", "c", "d", "d"]
     assert _mini_batches(ids, 1) == [list(range(8))]
     assert _mini_batches(ids, 2) == [[0, 1, 2, 3, 4], [5, 6, 7]]
-    assert _mini_batches(ids, 8) == [[0, 1], [2, 3, 4], [5], [6, 7]]   # never more batches than groups
+    assert _mini_batches(ids, 8) == [
+        [0, 1],
+        [2, 3, 4],
+        [5],
+        [6, 7],
+    ]  # never more batches than groups
 
 
-async def test_mini_batches_take_several_optimizer_steps_per_rollout_batch(tiny_dir, tokenizer, agent_sandbox,
-                                                                           tmp_path):
+async def test_mini_batches_take_several_optimizer_steps_per_rollout_batch(
+    tiny_dir, tokenizer, agent_sandbox, tmp_path
+):
     from transformers import AutoModelForCausalLM
 
     c = cfg(1)
     c.mini_batches = 2
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    trainer = RLTrainer(model, tokenizer, synth.generate(10, seed=2, levels=(1,)), agent_sandbox, c, str(tmp_path))
+    trainer = RLTrainer(
+        model, tokenizer, synth.generate(10, seed=2, levels=(1,)), agent_sandbox, c, str(tmp_path)
+    )
     hist = await trainer.run()
     assert hist[-1]["optimizer_steps"] == 2
-    assert all(int(s["step"]) == 2 for s in trainer.opt.state.values())   # AdamW counted two updates
-    assert trainer.sched.last_epoch == 1                                  # the lr schedule counts RL steps
+    assert all(int(s["step"]) == 2 for s in trainer.opt.state.values())  # AdamW counted two updates
+    assert trainer.sched.last_epoch == 1  # the lr schedule counts RL steps
 
 
 def test_tool_errors_in_correct_trajectories_sampled_and_kept():
@@ -143,18 +191,30 @@ def test_tool_errors_in_correct_trajectories_sampled_and_kept():
     from rstar.train.rl import summarize_step
 
     def rec(reward, calls, errors, rejected=0):
-        statuses = ["rejected"] * rejected + ["error"] * (errors - rejected) + ["ok"] * (calls - errors)
-        return {"reward": reward, "num_tool_calls": calls, "num_tool_errors": errors, "response_len": 10,
-                "entropies": [0.5], "response_mask": [1], "num_answers": 1, "finish_reason": "answered",
-                "tool_calls": json.dumps([{"status": s} for s in statuses])}
+        statuses = (
+            ["rejected"] * rejected + ["error"] * (errors - rejected) + ["ok"] * (calls - errors)
+        )
+        return {
+            "reward": reward,
+            "num_tool_calls": calls,
+            "num_tool_errors": errors,
+            "response_len": 10,
+            "entropies": [0.5],
+            "response_mask": [1],
+            "num_answers": 1,
+            "finish_reason": "answered",
+            "tool_calls": json.dumps([{"status": s} for s in statuses]),
+        }
 
     records = [rec(1.0, 2, 1), rec(1.0, 2, 0), rec(0.0, 4, 4, rejected=3)]
     m = summarize_step(records, kept=[records[1], records[2]])
-    assert m["tool_error_rate_positive"] == 0.25        # 1 error in 4 calls of the two correct ones
-    assert m["tool_error_rate_positive_kept"] == 0.0    # the kept correct one had none
+    assert m["tool_error_rate_positive"] == 0.25  # 1 error in 4 calls of the two correct ones
+    assert m["tool_error_rate_positive_kept"] == 0.0  # the kept correct one had none
     assert (m["tool_errors_positive"], m["tool_calls_positive"]) == (1, 4)
     assert m["tool_error_rate"] == 5 / 8 and m["kept"] == 2
-    assert m["sandbox_failure_rate"] == 3 / 8  # calls the sandbox never ran, apart from the model's errors
+    assert (
+        m["sandbox_failure_rate"] == 3 / 8
+    )  # calls the sandbox never ran, apart from the model's errors
 
 
 def test_with_one_mini_batch_the_sampling_policys_log_probs_are_the_updated_ones(tiny_dir):

@@ -1,5 +1,6 @@
 """SFT: only assistant tokens are trained on; a short run lowers the loss and writes a
 checkpoint that loads with its chat template."""
+
 import json
 
 import torch
@@ -11,7 +12,9 @@ from rstar.train.sft import encode_example, train_sft
 
 
 def test_mask_covers_exactly_the_assistant_turns(tokenizer):
-    messages = json.loads(sft.generate(8, seed=4)[5]["messages"])  # error recovery: two calls, two tool turns
+    messages = json.loads(
+        sft.generate(8, seed=4)[5]["messages"]
+    )  # error recovery: two calls, two tool turns
     ids, mask = encode_example(tokenizer, messages, 4096)
     trained = tokenizer.decode([t for t, m in zip(ids, mask) if m])
     assistant = [m for m in messages if m["role"] == "assistant"]
@@ -33,13 +36,23 @@ def test_short_sft_run_learns_and_saves(tiny_dir, tokenizer, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     # tasks whose targets are learnable text (calc's answers are long numbers only copying from
     # the tool response predicts, which 12 steps do not teach: its loss is noise here)
-    rows = sft.generate(48, seed=0, tasks=["reverse", "count_letter", "error_recovery", "instruction"])
+    rows = sft.generate(
+        48, seed=0, tasks=["reverse", "count_letter", "error_recovery", "instruction"]
+    )
     out = str(tmp_path / "sft")
-    history = train_sft(model, tokenizer, rows, SFTConfig(epochs=4, lr=3e-3, batch_size=16, micro_batch_size=8,
-                                                                 warmup_ratio=0.25),
-                        out_dir=out)
-    assert len(history) == 12 and history[0]["lr"] < history[2]["lr"] > history[-1]["lr"]  # warm-up, then cosine
-    assert history[-1]["loss"] < 0.75 * history[0]["loss"]  # 12 small steps: a clear drop, not noise
+    history = train_sft(
+        model,
+        tokenizer,
+        rows,
+        SFTConfig(epochs=4, lr=3e-3, batch_size=16, micro_batch_size=8, warmup_ratio=0.25),
+        out_dir=out,
+    )
+    assert (
+        len(history) == 12 and history[0]["lr"] < history[2]["lr"] > history[-1]["lr"]
+    )  # warm-up, then cosine
+    assert (
+        history[-1]["loss"] < 0.75 * history[0]["loss"]
+    )  # 12 small steps: a clear drop, not noise
     assert all(h["grad_norm"] > 0 for h in history)
     reloaded = AutoTokenizer.from_pretrained(out)
     assert reloaded.chat_template == tokenizer.chat_template
@@ -58,8 +71,12 @@ def test_replayed_pretraining_rows_keep_the_base_text_learnt(tiny_dir, tokenizer
     losses = {}
     for replay in (0, 8):
         model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-        train_sft(model, tokenizer, sft.generate(32, seed=0),
-                  SFTConfig(epochs=6, lr=3e-3, batch_size=16, micro_batch_size=16, replay_rows=replay))
+        train_sft(
+            model,
+            tokenizer,
+            sft.generate(32, seed=0),
+            SFTConfig(epochs=6, lr=3e-3, batch_size=16, micro_batch_size=16, replay_rows=replay),
+        )
         with torch.no_grad():
             losses[replay] = model(input_ids=held_out, labels=labels).loss.item()
     assert losses[8] < 0.85 * losses[0], losses

@@ -8,15 +8,24 @@ import torch
 
 pytest.importorskip("verl")
 
-from rstar.algo.roc import RoCConfig  # noqa: E402
-from rstar.data import synth  # noqa: E402
-from rstar.data.io import write_table  # noqa: E402
-from rstar.train.config import StageConfig  # noqa: E402
-from rstar.pipeline.plan import compose_verl  # noqa: E402
-from rstar.train.verl_launcher import build_verl_run, to_verl_rows, verl_overrides  # noqa: E402
+from rstar.algo.roc import RoCConfig
+from rstar.data import synth
+from rstar.data.io import write_table
+from rstar.pipeline.plan import compose_verl
+from rstar.train.config import StageConfig
+from rstar.train.verl_launcher import build_verl_run, to_verl_rows, verl_overrides
 
-STAGE = StageConfig(name="rl1", steps=300, prompts_per_step=512, roc=RoCConfig(group_size=16),
-                    max_response_tokens=8192, max_turns=10, lr=1e-6, warmup_steps=20, mini_batches=4)
+STAGE = StageConfig(
+    name="rl1",
+    steps=300,
+    prompts_per_step=512,
+    roc=RoCConfig(group_size=16),
+    max_response_tokens=8192,
+    max_turns=10,
+    lr=1e-6,
+    warmup_steps=20,
+    mini_batches=4,
+)
 
 
 def test_overrides_compose_and_pass_verls_own_validation(tmp_path):
@@ -24,29 +33,49 @@ def test_overrides_compose_and_pass_verls_own_validation(tmp_path):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    cfg = compose_verl(verl_overrides(STAGE, model="/models/qwen3-14b-base", train_files="/data/train.parquet",
-                                  agent_loop_config="/run/agent_loops.yaml", sandbox_url="http://sandbox:8080",
-                                  out_dir="/run/rl1", n_gpus=8, nodes=8, val_files="/data/eval.parquet",
-                                  experiment="rstar-qwen3-14b"))
-    # what main_ppo runs before it starts Ray: no critic, no reference model (no KL), sizes consistent
+    cfg = compose_verl(
+        verl_overrides(
+            STAGE,
+            model="/models/qwen3-14b-base",
+            train_files="/data/train.parquet",
+            agent_loop_config="/run/agent_loops.yaml",
+            sandbox_url="http://sandbox:8080",
+            out_dir="/run/rl1",
+            n_gpus=8,
+            nodes=8,
+            val_files="/data/eval.parquet",
+            experiment="rstar-qwen3-14b",
+        )
+    )
+    # what main_ppo runs before it starts Ray: no critic, no reference model (no KL), sizes
+    # consistent
     assert not need_critic(cfg) and not need_reference_policy(cfg)
     validate_config(cfg, use_reference_policy=False, use_critic=False)
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.use_kl_in_reward is False
-    assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.loss_agg_mode) == (0.2, 0.28, "token-mean")
+    assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.loss_agg_mode) == (
+        0.2,
+        0.28,
+        "token-mean",
+    )
     assert actor.use_kl_loss is False and actor.entropy_coeff == 0 and actor.optim.lr == 1e-6
     assert actor.optim.lr_warmup_steps == 20
     assert actor.use_dynamic_bsz and actor.ppo_max_token_len_per_gpu >= 2048 + 8192
     assert rollout.n == 32 and rollout.response_length == 8192 and rollout.name == "vllm"
     assert rollout.agent.default_agent_loop == "rstar_agent"
     assert cfg.data.train_batch_size == 512 and cfg.trainer.nnodes == 8
-    assert actor.ppo_mini_batch_size == 128   # 4 optimizer steps per rollout batch
+    assert actor.ppo_mini_batch_size == 128  # 4 optimizer steps per rollout batch
     assert cfg.rstar.sandbox_url == "http://sandbox:8080" and cfg.rstar.max_turns == 10
     # validation on the held-out set once, at the end; checkpoints as the recipe says, capped
     assert cfg.data.val_files == "/data/eval.parquet" and cfg.trainer.val_before_train is False
     assert cfg.trainer.test_freq == STAGE.steps
-    assert cfg.trainer.save_freq == STAGE.checkpoint_every and cfg.trainer.max_actor_ckpt_to_keep == 1
-    assert list(cfg.trainer.logger) == ["console", "mlflow"] and cfg.trainer.project_name == "rstar-qwen3-14b"
+    assert (
+        cfg.trainer.save_freq == STAGE.checkpoint_every and cfg.trainer.max_actor_ckpt_to_keep == 1
+    )
+    assert (
+        list(cfg.trainer.logger) == ["console", "mlflow"]
+        and cfg.trainer.project_name == "rstar-qwen3-14b"
+    )
     # the reward verl loads is the project's answer-only reward, truncation scoring 0
     reward = get_custom_reward_fn(cfg)
     answer = "<reason>done</reason>\n<answer>\\boxed{42}</answer>"
@@ -57,8 +86,14 @@ def test_overrides_compose_and_pass_verls_own_validation(tmp_path):
 def test_build_writes_dataset_and_agent_loop_files(tmp_path):
     problems = str(tmp_path / "p.parquet")
     write_table(synth.generate(4, seed=1), problems, "problems")
-    cmd = build_verl_run(STAGE, model="m", problems=problems, sandbox_url="http://s", out_dir=str(tmp_path / "run"),
-                         n_gpus=8)
+    cmd = build_verl_run(
+        STAGE,
+        model="m",
+        problems=problems,
+        sandbox_url="http://s",
+        out_dir=str(tmp_path / "run"),
+        n_gpus=8,
+    )
     assert cmd[1:3] == ["-m", "rstar.train.verl_trainer"]
     import pyarrow.parquet as pq
 
@@ -81,14 +116,24 @@ def agent_loop_batch(n_prompts: int = 2, per_prompt: int = 8, width: int = 6):
     scores = torch.zeros(n, width)
     scores[torch.arange(n), lengths - 1] = rewards
     return DataProto.from_dict(
-        tensors={"rm_scores": scores, "response_mask": mask, "attention_mask": torch.cat([torch.ones(n, 2).long(), mask], 1),
-                 "responses": torch.arange(n * width).view(n, width)},
-        non_tensors={"uid": np.repeat(np.array([f"p{i}" for i in range(n_prompts)], dtype=object), per_prompt),
-                     "rstar_num_tool_calls": np.array([2, 2, 2, 1, 1, 1, 1, 1] * n_prompts)[:n],
-                     "rstar_num_tool_errors": np.array([0, 2, 2, 0, 0, 0, 0, 0] * n_prompts)[:n],
-                     # one of those errors the sandbox's (it never ran the call), per prompt
-                     "rstar_num_sandbox_failures": np.array([0, 1, 0, 0, 0, 0, 0, 0] * n_prompts)[:n],
-                     "rstar_num_answers": np.ones(n, dtype=int), "rstar_turns": np.full(n, 3)})
+        tensors={
+            "rm_scores": scores,
+            "response_mask": mask,
+            "attention_mask": torch.cat([torch.ones(n, 2).long(), mask], 1),
+            "responses": torch.arange(n * width).view(n, width),
+        },
+        non_tensors={
+            "uid": np.repeat(
+                np.array([f"p{i}" for i in range(n_prompts)], dtype=object), per_prompt
+            ),
+            "rstar_num_tool_calls": np.array([2, 2, 2, 1, 1, 1, 1, 1] * n_prompts)[:n],
+            "rstar_num_tool_errors": np.array([0, 2, 2, 0, 0, 0, 0, 0] * n_prompts)[:n],
+            # one of those errors the sandbox's (it never ran the call), per prompt
+            "rstar_num_sandbox_failures": np.array([0, 1, 0, 0, 0, 0, 0, 0] * n_prompts)[:n],
+            "rstar_num_answers": np.ones(n, dtype=int),
+            "rstar_turns": np.full(n, 3),
+        },
+    )
 
 
 def test_roc_in_verls_step_then_verls_own_grpo_advantages():
@@ -103,8 +148,12 @@ def test_roc_in_verls_step_then_verls_own_grpo_advantages():
     from rstar.train.verl_trainer import RoCTrainer
 
     trainer = object.__new__(RoCTrainer)
-    trainer.config = OmegaConf.create({"rstar": {"roc_mode": "roc", "group_size": 4, "seed": 0},
-                                       "actor_rollout_ref": {"rollout": {"n": 8}, "actor": {"ppo_mini_batch_size": 2}}})
+    trainer.config = OmegaConf.create(
+        {
+            "rstar": {"roc_mode": "roc", "group_size": 4, "seed": 0},
+            "actor_rollout_ref": {"rollout": {"n": 8}, "actor": {"ppo_mini_batch_size": 2}},
+        }
+    )
     trainer.global_steps = 1
     trainer._get_dp_size = lambda wg, role: 2
     trainer.actor_rollout_wg = SimpleNamespace()
@@ -114,13 +163,18 @@ def test_roc_in_verls_step_then_verls_own_grpo_advantages():
     assert len(batch) == 8 and metrics["roc/sampled"] == 16 and metrics["roc/kept"] == 8
     uids = list(batch.non_tensor_batch["uid"])
     assert uids.count("p0") == 4 and uids.count("p1") == 4
-    assert {tuple(r.tolist()) for r in batch.batch["responses"]} <= original  # whole rows, nothing mixed
-    # 3 of 8 positives sampled per prompt -> floor(4 * 3/8 + 0.5) = 2 kept; clean ones preferred (weight 10 vs 0.48)
+    assert {
+        tuple(r.tolist()) for r in batch.batch["responses"]
+    } <= original  # whole rows, nothing mixed
+    # 3 of 8 positives sampled per prompt -> floor(4 * 3/8 + 0.5) = 2 kept; clean ones preferred
+    # (weight 10 vs 0.48)
     assert metrics["roc/accuracy_sampled"] == 3 / 8
     assert metrics["roc/tool_error_rate_positive"] == 4 / 6
     assert metrics["roc/tool_error_rate_positive_kept"] <= metrics["roc/tool_error_rate_positive"]
     # over all 16 sampled: 22 calls, 8 errors, 2 of them the sandbox's
-    assert metrics["tool/sandbox_failure_rate"] == 2 / 22 and metrics["tool/code_error_rate"] == 6 / 22
+    assert (
+        metrics["tool/sandbox_failure_rate"] == 2 / 22 and metrics["tool/code_error_rate"] == 6 / 22
+    )
     assert "global_seqlen/min" in metrics  # then verl's own balancing ran on what was kept
     batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
     out = compute_advantage(batch, adv_estimator="grpo", num_repeat=4, config=OmegaConf.create({}))
@@ -131,7 +185,9 @@ def test_roc_in_verls_step_then_verls_own_grpo_advantages():
         assert abs(first.sum().item()) < 1e-5 and first.abs().max() > 0.5  # centred, not all zero
         positive = out.batch["rm_scores"][rows].sum(-1) > 0
         assert (first[positive] > 0).all() and (first[~positive] < 0).all()
-        assert torch.equal((adv[rows] != 0).long(), out.batch["response_mask"][rows])  # masked past each response
+        assert torch.equal(
+            (adv[rows] != 0).long(), out.batch["response_mask"][rows]
+        )  # masked past each response
 
 
 def test_ppo_mini_batches_count_the_kept_group_not_the_sampled_one():
@@ -140,8 +196,12 @@ def test_ppo_mini_batches_count_the_kept_group_not_the_sampled_one():
     from rstar.train.verl_trainer import RoCTrainer
 
     trainer = object.__new__(RoCTrainer)
-    trainer.config = OmegaConf.create({"rstar": {"roc_mode": "roc", "group_size": 16},
-                                       "actor_rollout_ref": {"rollout": {"n": 32}}})
+    trainer.config = OmegaConf.create(
+        {
+            "rstar": {"roc_mode": "roc", "group_size": 16},
+            "actor_rollout_ref": {"rollout": {"n": 32}},
+        }
+    )
     seen = []
     with trainer._kept_group_size():
         seen.append(trainer.config.actor_rollout_ref.rollout.n)
@@ -156,20 +216,49 @@ def test_a_fresh_verl_stage_takes_the_previous_stages_optimizer_state_unless_it_
     from rstar.train.verl_trainer import RoCTrainer
 
     previous = "/run/rl1/global_step_300/actor"
-    carry = verl_overrides(STAGE, model="m", train_files="t", agent_loop_config="a", sandbox_url="s", out_dir="o",
-                           n_gpus=8, optimizer_from=previous)
+    carry = verl_overrides(
+        STAGE,
+        model="m",
+        train_files="t",
+        agent_loop_config="a",
+        sandbox_url="s",
+        out_dir="o",
+        n_gpus=8,
+        optimizer_from=previous,
+    )
     assert f"+rstar.optimizer_from={previous}" in carry
     reset = StageConfig(name="rl3", reset_optimizer=True)
-    assert not any("optimizer_from" in o for o in verl_overrides(reset, model="m", train_files="t", agent_loop_config="a",
-                                                                  sandbox_url="s", out_dir="o", n_gpus=8,
-                                                                  optimizer_from=previous))
+    assert not any(
+        "optimizer_from" in o
+        for o in verl_overrides(
+            reset,
+            model="m",
+            train_files="t",
+            agent_loop_config="a",
+            sandbox_url="s",
+            out_dir="o",
+            n_gpus=8,
+            optimizer_from=previous,
+        )
+    )
     trainer = object.__new__(RoCTrainer)
-    trainer.config = OmegaConf.create({"trainer": {"resume_mode": "auto", "default_hdfs_dir": None,
-                                                   "default_local_dir": str(tmp_path)},
-                                       "rstar": {"optimizer_from": previous}})
+    trainer.config = OmegaConf.create(
+        {
+            "trainer": {
+                "resume_mode": "auto",
+                "default_hdfs_dir": None,
+                "default_local_dir": str(tmp_path),
+            },
+            "rstar": {"optimizer_from": previous},
+        }
+    )
     loaded = []
-    trainer.actor_rollout_wg = SimpleNamespace(load_checkpoint=lambda path, del_local_after_load: loaded.append(path))
-    assert trainer._load_checkpoint() == 0 and loaded == [previous]  # no checkpoint of its own: a fresh start
+    trainer.actor_rollout_wg = SimpleNamespace(
+        load_checkpoint=lambda path, del_local_after_load: loaded.append(path)
+    )
+    assert trainer._load_checkpoint() == 0 and loaded == [
+        previous
+    ]  # no checkpoint of its own: a fresh start
 
 
 def test_a_verl_stage_with_an_unreachable_sandbox_fails_before_verl_starts(tmp_path, monkeypatch):
@@ -181,12 +270,19 @@ def test_a_verl_stage_with_an_unreachable_sandbox_fails_before_verl_starts(tmp_p
     from rstar.sandbox.process import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
-    recipe = load_recipe("configs/tiny-verl.yaml", {"storage_root": str(tmp_path / "root"), "sandbox_url": dead})
+    recipe = load_recipe(
+        "configs/tiny-verl.yaml", {"storage_root": str(tmp_path / "root"), "sandbox_url": dead}
+    )
     launched = []
     monkeypatch.setattr(verl_stages, "_run", lambda *a, **k: launched.append(a))
     with pytest.raises(SandboxUnreachable, match=f"sandbox service {dead} does not answer"):
-        stages.rl(recipe, Layout(recipe.storage_root), StageInputs(model=ModelRef("m"), problems=Stored("p")), None,
-                  stage="rl1")
+        stages.rl(
+            recipe,
+            Layout(recipe.storage_root),
+            StageInputs(model=ModelRef("m"), problems=Stored("p")),
+            None,
+            stage="rl1",
+        )
     assert launched == []  # verl never started
 
 
@@ -199,11 +295,20 @@ def test_verls_training_processes_on_the_cpu_get_the_recipes_threads():
 
     from rstar.train.verl_launcher import verl_env
 
-    probe = ("import ray\nray.init(num_gpus=1, num_cpus=4, include_dashboard=False, object_store_memory=10**8)\n"
-             "def threads():\n    import torch\n    return torch.get_num_threads()\n"
-             "print('threads', ray.get(ray.remote(num_gpus=1, num_cpus=0)(threads).remote()))\n")
+    probe = (
+        "import ray\nray.init(num_gpus=1, num_cpus=4, include_dashboard=False, "
+        "object_store_memory=10**8)\ndef threads():\n    import torch\n    return "
+        "torch.get_num_threads()\nprint('threads', ray.get(ray.remote(num_gpus=1, "
+        "num_cpus=0)(threads).remote()))\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RAY_ADDRESS")}
     for given, expected in ((None, "1"), (2, "2")):
-        run_env = {**env, **verl_env("cpu", given)} if given else {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-        out = subprocess.run([sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, timeout=300)
+        run_env = (
+            {**env, **verl_env("cpu", given)}
+            if given
+            else {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, timeout=300
+        )
         assert f"threads {expected}" in out.stdout, out.stdout + out.stderr[-2000:]

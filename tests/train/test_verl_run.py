@@ -7,6 +7,7 @@ rollouts (marked `gpu`, run by scripts/gpu-check.sh).
 
 The SFT model is the shipped tiny base after the tiny recipe's own SFT (about 4 minutes
 here); the problems are the recipe's own (recipe_problems)."""
+
 import os
 import re
 import subprocess
@@ -16,8 +17,8 @@ import pytest
 
 pytest.importorskip("verl")
 
-from rstar.algo.roc import RoCConfig  # noqa: E402
-from rstar.train.config import StageConfig  # noqa: E402
+from rstar.algo.roc import RoCConfig
+from rstar.train.config import StageConfig
 
 PROMPTS, G, STEPS = 8, 2, 2
 
@@ -57,7 +58,12 @@ def metrics_by_step(log: str) -> dict[int, dict[str, float]]:
     for line in log.splitlines():
         m = re.search(r"step:(\d+) - (.*)", line)
         if m:
-            steps[int(m.group(1))] = {k: float(v) for k, v in re.findall(r"([\w/@.\-]+):(?:np\.\w+\()?(-?[\d.]+(?:e[-+]?\d+)?)", m.group(2))}
+            steps[int(m.group(1))] = {
+                k: float(v)
+                for k, v in re.findall(
+                    r"([\w/@.\-]+):(?:np\.\w+\()?(-?[\d.]+(?:e[-+]?\d+)?)", m.group(2)
+                )
+            }
     return steps
 
 
@@ -66,28 +72,55 @@ def two_verl_steps(model: str, tmp_path, device: str, extra: list[str] = ()) -> 
     from rstar.sandbox.process import SandboxProcess
     from rstar.train.verl_launcher import build_verl_run, verl_env
 
-    problems = write_table(recipe_problems(PROMPTS * STEPS), str(tmp_path / "problems.parquet"), "problems")
-    stage = StageConfig(name="rl1", steps=STEPS, prompts_per_step=PROMPTS, roc=RoCConfig(group_size=G),
-                        max_response_tokens=128, max_turns=2, temperature=0.8, lr=5e-5, warmup_steps=1,
-                        prompt_style="compact")
+    problems = write_table(
+        recipe_problems(PROMPTS * STEPS), str(tmp_path / "problems.parquet"), "problems"
+    )
+    stage = StageConfig(
+        name="rl1",
+        steps=STEPS,
+        prompts_per_step=PROMPTS,
+        roc=RoCConfig(group_size=G),
+        max_response_tokens=128,
+        max_turns=2,
+        temperature=0.8,
+        lr=5e-5,
+        warmup_steps=1,
+        prompt_style="compact",
+    )
     work = str(tmp_path / "run")
     env = {**os.environ, **verl_env(device)}
     with SandboxProcess("--executors", "1") as sandbox:
-        cmd = build_verl_run(stage, model=model, problems=problems, sandbox_url=sandbox.url, out_dir=work,
-                             n_gpus=1, device=device)
-        cmd = [c for c in cmd if not c.startswith("trainer.logger")] + ["trainer.logger=[console]", *extra]
+        cmd = build_verl_run(
+            stage,
+            model=model,
+            problems=problems,
+            sandbox_url=sandbox.url,
+            out_dir=work,
+            n_gpus=1,
+            device=device,
+        )
+        cmd = [c for c in cmd if not c.startswith("trainer.logger")] + [
+            "trainer.logger=[console]",
+            *extra,
+        ]
         print("running:", " ".join(cmd), flush=True)
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=work)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-6000:]
     steps = metrics_by_step(log)
     assert sorted(steps) == [1, 2], log[-3000:]
-    assert "[rstar] KV-balanced load balancer over 1 replica(s)" in log  # verl routed through the project's balancer
+    assert (
+        "[rstar] KV-balanced load balancer over 1 replica(s)" in log
+    )  # verl routed through the project's balancer
     for m in steps.values():  # RoC inside verl's step: 2G sampled per prompt, G kept
         print({k: v for k, v in m.items() if k.startswith("roc/")}, flush=True)
         assert m["roc/sampled"] == PROMPTS * 2 * G and m["roc/kept"] == PROMPTS * G
-        assert "actor/pg_loss" in m and "timing_s/update_actor" in m  # verl's own update ran on what was kept
-    assert max(m["roc/accuracy_sampled"] for m in steps.values()) > 0  # real reward: some rollouts solved it
+        assert (
+            "actor/pg_loss" in m and "timing_s/update_actor" in m
+        )  # verl's own update ran on what was kept
+    assert (
+        max(m["roc/accuracy_sampled"] for m in steps.values()) > 0
+    )  # real reward: some rollouts solved it
     actor = os.path.join(work, f"global_step_{STEPS}", "actor")
     assert os.path.exists(os.path.join(work, "latest_checkpointed_iteration.txt"))
     moved, _ = merged_changes(actor, model, str(tmp_path / "hf"), env)
@@ -104,7 +137,9 @@ def merged_changes(checkpoint: str, before: str, merged: str, env: dict) -> tupl
 
     subprocess.run(merge_command(checkpoint, merged), check=True, env=env, timeout=600)
     trained = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).named_parameters()
-    start = list(AutoModelForCausalLM.from_pretrained(before, dtype=torch.float32).named_parameters())
+    start = list(
+        AutoModelForCausalLM.from_pretrained(before, dtype=torch.float32).named_parameters()
+    )
     return [n for (n, a), (_, b) in zip(trained, start) if not torch.equal(a, b)], len(start)
 
 
@@ -115,5 +150,12 @@ def test_verls_trainer_runs_grpo_roc_on_cpu(tiny_sft, tmp_path):
 @pytest.mark.gpu
 def test_verls_trainer_runs_grpo_roc_on_a_gpu_with_vllm(tiny_sft, tmp_path):
     # one GPU: vLLM unsharded, leaving the actor room on the same device
-    two_verl_steps(tiny_sft, tmp_path, "gpu", ["actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-                                               "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"])
+    two_verl_steps(
+        tiny_sft,
+        tmp_path,
+        "gpu",
+        [
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+        ],
+    )

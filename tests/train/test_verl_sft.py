@@ -2,6 +2,7 @@
 trainer, FSDP2 training processes) trains the shipped tiny base on this machine's CPU (gloo;
 rstar.train.verl_cpu), with the chats tokenized as the local SFT tokenizes them; verl's model
 merger turns its checkpoint into a Hugging Face model that loads and chats."""
+
 import json
 import os
 import subprocess
@@ -10,9 +11,9 @@ import pytest
 
 pytest.importorskip("verl")
 
-from rstar.train.config import SFTConfig  # noqa: E402
-from rstar.train.sft import encode_example  # noqa: E402
-from tests.train.test_verl_run import merged_changes, metrics_by_step  # noqa: E402
+from rstar.train.config import SFTConfig
+from rstar.train.sft import encode_example
+from tests.train.test_verl_run import merged_changes, metrics_by_step
 
 BASE = "models/tiny-base"
 
@@ -41,7 +42,9 @@ def test_chats_are_tokenized_as_the_local_sft_does(tmp_path):
         assert item["position_ids"].tolist() == list(range(len(ids)))
         taught = tok.decode([t for t, m in zip(ids, mask) if m])
         assert "<tool_call>" in taught or "<answer>" in taught
-        assert "<tool_response>" not in taught and "<|im_start|>user" not in taught  # never the tool's or the user's
+        assert (
+            "<tool_response>" not in taught and "<|im_start|>user" not in taught
+        )  # never the tool's or the user's
 
     with pytest.raises(ValueError, match="no chat has an assistant token within max_length 8"):
         SFTChats([path], tok, OmegaConf.create({"max_length": 8, "prompt_style": "compact"}))
@@ -51,7 +54,9 @@ def test_replayed_pretraining_text_is_refused_with_engine_verl():
     from rstar.train.verl_sft import sft_overrides
 
     with pytest.raises(ValueError, match="replay_rows"):
-        sft_overrides(SFTConfig(replay_rows=4), model=BASE, train_files="x.parquet", out_dir="out", n_gpus=1)
+        sft_overrides(
+            SFTConfig(replay_rows=4), model=BASE, train_files="x.parquet", out_dir="out", n_gpus=1
+        )
 
 
 @pytest.mark.timeout(1800)
@@ -63,11 +68,20 @@ def test_verls_sft_trainer_trains_the_tiny_base_on_cpu(tmp_path):
     from rstar.train.verl_sft import last_checkpoint, sft_command
 
     data = write_table(chats(64), str(tmp_path / "sft.parquet"), "sft")
-    cfg = SFTConfig(epochs=1, lr=5e-4, batch_size=16, micro_batch_size=16, warmup_ratio=0.05, max_length=512,
-                    prompt_style="compact")
+    cfg = SFTConfig(
+        epochs=1,
+        lr=5e-4,
+        batch_size=16,
+        micro_batch_size=16,
+        warmup_ratio=0.05,
+        max_length=512,
+        prompt_style="compact",
+    )
     work = str(tmp_path / "run")
     os.makedirs(work)
-    cmd = sft_command(cfg, model=os.path.abspath(BASE), train_files=data, out_dir=work, n_gpus=1, device="cpu")
+    cmd = sft_command(
+        cfg, model=os.path.abspath(BASE), train_files=data, out_dir=work, n_gpus=1, device="cpu"
+    )
     cmd = [c for c in cmd if not c.startswith("trainer.logger")] + ["trainer.logger=[console]"]
     env = {**os.environ, **verl_env("cpu")}
     env.pop("RAY_ADDRESS", None)
@@ -84,7 +98,9 @@ def test_verls_sft_trainer_trains_the_tiny_base_on_cpu(tmp_path):
     merged = str(tmp_path / "hf")
     moved, parameters = merged_changes(checkpoint, BASE, merged, env)
     assert len(moved) == parameters  # SFT moved every weight
-    assert AutoTokenizer.from_pretrained(merged).chat_template  # the next stage renders the same chats
+    assert AutoTokenizer.from_pretrained(
+        merged
+    ).chat_template  # the next stage renders the same chats
 
     # a retry after the last epoch's checkpoint resumes there and trains nothing more
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200, cwd=work)
