@@ -81,9 +81,8 @@ def pipeline_plan(
     from rstar.pipeline.plan import PlanError, plan
 
     try:
-        stages = plan(
-            load_recipe(config, overrides(set_), check_inputs=False)
-        )  # a plan reads no data
+        # a plan reads no data
+        stages = plan(load_recipe(config, overrides(set_), check_inputs=False))
     except ConfigError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None

@@ -32,9 +32,8 @@ def _run(recipe, config: str) -> dict[str, StageOutput]:
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)
     ml.check_reachable(uri)
     root = Layout(recipe.storage_root).root
-    stale = ml.fail_stale_runs(
-        uri, recipe.tracking.experiment, root
-    )  # we hold the root: none of them is live
+    # we hold the root: none of them is live
+    stale = ml.fail_stale_runs(uri, recipe.tracking.experiment, root)
     if stale:
         get_run_logger().warning(
             "marked %d MLflow run(s) left RUNNING by a killed run on %s as FAILED", len(stale), root

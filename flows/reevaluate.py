@@ -59,9 +59,8 @@ def reevaluate(
     )
     with ml.closing(uri, parent):
         if problems is None:
-            held_out = submit("problems", recipe, StageInputs(), parent).datasets[
-                "eval"
-            ]  # cached after a pipeline run
+            # cached after a pipeline run
+            held_out = submit("problems", recipe, StageInputs(), parent).datasets["eval"]
         else:
             held_out = Stored(problems, digest(problems))
         models = {

@@ -16,9 +16,8 @@ def ensure_ray(cpus: float, object_store_mb: int = 256) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    os.environ.setdefault(
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"
-    )  # a local Ray binds to loopback only
+    # a local Ray binds to loopback only
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray.init(
         num_cpus=max(1, int(cpus)),
         object_store_memory=object_store_mb * 1024 * 1024,

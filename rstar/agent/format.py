@@ -183,8 +183,7 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
                     None,
                     None,
                     f"Failed to decode tool call: {e.msg} (line {e.lineno}, "
-                    f'column {e.colno}). Send a JSON object with "name" and '
-                    '"arguments".',
+                    f'column {e.colno}). Send a JSON object with "name" and "arguments".',
                     raw,
                 )
             )

@@ -124,13 +124,11 @@ class RStarAgentLoop(AgentLoopBase):
         loop = AgentLoop(ServerManagerEngine(self.server_manager), self.tokenizer, sandbox, cfg)
         extra = kwargs.get("extra_info") or {}
         traj = await loop.run(extra["problem"], uuid4().hex)
-        if (
-            len(traj.prompt_ids) > self.rollout_config.prompt_length
-        ):  # verl pads prompts to this width, never cuts
+        # verl pads prompts to this width, never cuts
+        if len(traj.prompt_ids) > self.rollout_config.prompt_length:
             raise ValueError(
                 f"problem {extra.get('problem_id')}: its prompt has {len(traj.prompt_ids)} tokens, "
-                "more "
-                f"than rollout.prompt_length={self.rollout_config.prompt_length}"
+                f"more than rollout.prompt_length={self.rollout_config.prompt_length}"
             )
         return AgentLoopOutput(
             prompt_ids=traj.prompt_ids,

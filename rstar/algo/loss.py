@@ -20,9 +20,8 @@ def grpo_advantages(
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     token_rewards = torch.zeros_like(response_mask, dtype=torch.float32)
-    token_rewards[:, 0] = (
-        rewards.float()
-    )  # an outcome reward: verl sums each row, the position is moot
+    # an outcome reward: verl sums each row, the position is moot
+    token_rewards[:, 0] = rewards.float()
     adv, _ = compute_grpo_outcome_advantage(
         token_rewards, response_mask.float(), np.array(group_ids)
     )

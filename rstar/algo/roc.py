@@ -68,9 +68,8 @@ class Sample:
 
 @dataclass
 class RoCConfig:
-    __pydantic_config__ = {
-        "extra": "forbid"
-    }  # a recipe (rstar.pipeline.config) may not add unknown keys
+    # a recipe (rstar.pipeline.config) may not add unknown keys
+    __pydantic_config__ = {"extra": "forbid"}
     mode: str = "roc"  # "roc" (paper), "released" (public code), "grpo" (keep all)
     group_size: int = 16  # G: rollouts kept per prompt (2G are sampled for roc/released)
     min_each: int = 2  # released: at least this many of each kind when available

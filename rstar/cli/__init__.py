@@ -17,10 +17,8 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-_options = {
-    "debug": False,
-    "log_level": "INFO",
-}  # set by the callback, read by main() and the commands
+# set by the callback, read by main() and the commands
+_options = {"debug": False, "log_level": "INFO"}
 
 
 @app.callback()

@@ -28,9 +28,8 @@ def build_base_command(
     from rstar.model.shipped import pretrain_base, write_shipped
     from rstar.pipeline.config import load_recipe
 
-    recipe = load_recipe(
-        config, overrides(set_), check_inputs=False
-    )  # the base it writes need not exist yet
+    # the base it writes need not exist yet
+    recipe = load_recipe(config, overrides(set_), check_inputs=False)
     out = out or recipe.base.shipped
     if not recipe.base.build_tiny or not out:
         raise typer.BadParameter(

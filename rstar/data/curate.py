@@ -160,9 +160,8 @@ def curate(
     eval_grams: set = (
         set().union(*(ngrams(p, cfg.ngram) for p in eval_problems)) if eval_problems else set()
     )
-    eval_texts = {
-        normalize_text(p) for p in eval_problems
-    }  # catches problems too short for an n-gram
+    # catches problems too short for an n-gram
+    eval_texts = {normalize_text(p) for p in eval_problems}
     kept: list[dict] = []
     rejects: list[dict] = []
     seen: set[str] = set()
@@ -250,8 +249,8 @@ def curate(
                     spec,
                     row_id,
                     "contaminated",
-                    f"shares the {cfg.ngram}-gram {' '.join(next(iter(overlap)))!r} "
-                    "with an evaluation problem",
+                    f"shares the {cfg.ngram}-gram {' '.join(next(iter(overlap)))!r} with an "
+                    "evaluation problem",
                     _raw(row),
                 )
                 continue

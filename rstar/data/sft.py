@@ -54,7 +54,7 @@ def simulate_tool(code: str, stdin: str = "") -> str:
 
     try:
         body, last = runner.prepare(code, True)
-    except Exception as e:  # noqa: BLE001 - answered as the sandbox answers a snippet that does not compile
+    except Exception as e:  # noqa: BLE001 - as the sandbox answers code that does not compile
         message, reason = runner.compile_error(e)
         return ExecResult(status=Status.ERROR, stderr=message, reason=reason).tool_text()
     out = io.StringIO()
@@ -64,7 +64,7 @@ def simulate_tool(code: str, stdin: str = "") -> str:
         with contextlib.redirect_stdout(out):
             ns: dict = {"__name__": "__main__"}
             exec(body, ns)
-            value = eval(last, ns) if last is not None else None  # noqa: S307 - trusted, generated code
+            value = eval(last, ns) if last is not None else None  # noqa: S307 - generated code
         return ExecResult(
             status=Status.OK,
             stdout=out.getvalue(),
@@ -252,11 +252,8 @@ def _calc(rng):
     """Arithmetic written in Python syntax, operands of one to three digits in any position
     (a model that only saw small second operands breaks its JSON after a long one)."""
     a, b, c, d = (rng.randint(2, 10 ** rng.randint(1, 3) - 1) for _ in range(4))
-    base, e, m = (
-        rng.randint(2, 99),
-        rng.randint(2, 30),
-        rng.randint(7, 99),
-    )  # powers of 2-digit bases
+    # powers of 2-digit bases
+    base, e, m = (rng.randint(2, 99), rng.randint(2, 30), rng.randint(7, 99))
     expr = rng.choice(
         [
             f"{a}+{b}",

@@ -235,8 +235,8 @@ FAMILIES = [
         (
             "How many ordered pairs of non-negative integers (x, y) satisfy {a}x + {b}y = {n}?",
             "Find the number of solutions of {a}x + {b}y = {n} in non-negative integers x and y.",
-            "In how many ways can {n} be written as {a}x + {b}y with x and y non-negative "
-            "integers?",
+            "In how many ways can {n} be written as {a}x + {b}y with x and y non-negative"
+            " integers?",
         ),
     ),
     Family(

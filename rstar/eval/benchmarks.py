@@ -75,9 +75,8 @@ def load_benchmark(name: str, source: str | None = None) -> list[dict]:
             wrong = [get_field(row, c) for c in _GPQA_WRONG]
             if not all(isinstance(w, str) for w in wrong):
                 raise DataError(f"{where}: needs the three {_GPQA_WRONG[0][:-2]} columns")
-            meta["choices"] = [str(answer).strip()] + [
-                w.strip() for w in wrong
-            ]  # the correct one first
+            # the correct one first
+            meta["choices"] = [str(answer).strip()] + [w.strip() for w in wrong]
         rows.append(
             {
                 "id": f"{name}-{rid if rid is not None else row_id}",

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 @dataclass
 class EntropyReport:
     threshold: float
-    forking: list[tuple[str, int]] = field(
-        default_factory=list
-    )  # (token, count among high-entropy)
+    # (token, count among high-entropy)
+    forking: list[tuple[str, int]] = field(default_factory=list)
     reflection: list[tuple[str, int]] = field(default_factory=list)
     examples: dict[str, list[str]] = field(default_factory=dict)  # token -> contexts
     model_tokens: int = 0

@@ -23,16 +23,17 @@ def html_table(summaries: dict[str, dict], k: int) -> str:
         cells = ""
         for n in names:
             s = summaries[n].get(b)
+            values = (s["avg_pass@1"], s[f"pass@{k}"], s["response_len_mean"]) if s else None
             cells += (
-                f"<td>{s['avg_pass@1']:.3f}</td><td>{s[f'pass@{k}']:.3f}</td><td>{s['response_len_mean']:.0f}</td>"
+                "".join(f"<td>{v:.{p}f}</td>" for v, p in zip(values, (3, 3, 0)))
                 if s
                 else "<td></td><td></td><td></td>"
             )
         rows.append(f"<tr><th>{html.escape(b)}</th>{cells}</tr>")
     return (
-        "<!doctype html><meta charset='utf-8'><title>rstar "
-        "evaluation</title><style>body{font-family:sans-serif}td,th{padding:4px "
-        "10px;border-bottom:1px solid #ddd}td{text-align:right}</style><h1>Evaluation</h1>"
+        "<!doctype html><meta charset='utf-8'><title>rstar evaluation</title>"
+        "<style>body{font-family:sans-serif}td,th{padding:4px 10px;border-bottom:1px solid #ddd}"
+        "td{text-align:right}</style><h1>Evaluation</h1>"
         f"<table><tr><th>benchmark</th>{head}</tr>{''.join(rows)}</table>"
     )
 

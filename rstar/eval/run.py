@@ -20,9 +20,8 @@ from rstar.rollout.runner import rollout, tool_error_rate
 
 @dataclass
 class EvalConfig:
-    __pydantic_config__ = {
-        "extra": "forbid"
-    }  # a recipe (rstar.pipeline.config) may not add unknown keys
+    # a recipe (rstar.pipeline.config) may not add unknown keys
+    __pydantic_config__ = {"extra": "forbid"}
     k: int = 16
     temperature: float = 0.6
     max_response_tokens: int = 30_000
@@ -224,8 +223,7 @@ def markdown_table(summaries: dict[str, dict], k: int) -> str:
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
     key = (
         f"avg@1: per question, the fraction of its {k} samples that are correct, averaged over "
-        "questions; "
-        f"pass@{k}: questions solved by at least one of {k} samples (unbiased estimate); len: mean "
-        "response tokens."
+        f"questions; pass@{k}: questions solved by at least one of {k} samples (unbiased "
+        "estimate); len: mean response tokens."
     )
     return "\n".join([*overall, "", *lines, "", key])

@@ -136,12 +136,12 @@ def check_shipped(path: str, spec) -> dict:
         )
         raise ShippedBaseError(
             f"base.shipped: {path} was built from another recipe ({said}); rebuild it with `rstar "
-            f"model build-base` or set base.shipped=null to pretrain in the pipeline"
+            "model build-base` or set base.shipped=null to pretrain in the pipeline"
         )
     found = digest(path, skip=(MANIFEST,))
     if found != manifest["digest"]:
         raise ShippedBaseError(
             f"base.shipped: {path}: files digest {found}, manifest says {manifest['digest']} "
-            f"(altered or partly written; restore it with git or rebuild it)"
+            "(altered or partly written; restore it with git or rebuild it)"
         )
     return manifest

@@ -43,7 +43,7 @@ def _train_rstar(model_dir: str, problems: list[dict], cfg, on_step) -> tuple[li
     from rstar.train.rl import train_from
 
     work = tempfile.mkdtemp(prefix="peers-rstar-")
-    history = asyncio.run(train_from(model_dir, problems, cfg, work, on_step))
+    history = asyncio.run(train_from(model_dir, problems, cfg, work, on_step)).history
     for h in history:  # the same names as the TRL side's
         h["tokens"] = h["tokens_per_s"] * h["time_rollout_s"]
         h["time_step_s"] = h["time_rollout_s"] + h["time_reward_s"] + h["time_update_s"]
@@ -192,8 +192,8 @@ def run_peer_benchmark(
     sft = layout.model("sft")
     if not os.path.isdir(sft):
         raise FileNotFoundError(
-            f"no SFT checkpoint at {sft}: run the pipeline first (`make run`), or pass --root "
-            "with the storage root of a finished run"
+            f"no SFT checkpoint at {sft}: run the pipeline first (`make run`), or pass --root with "
+            "the storage root of a finished run"
         )
     problems = read_table(layout.dataset("train_problems"), "problems").to_pylist()
     held_out = read_table(layout.dataset("eval_problems"), "problems").to_pylist()
@@ -280,19 +280,15 @@ def report(
         "## Against TRL's GRPOTrainer (`rstar bench-peers`)",
         "",
         f"`rstar bench-peers --config {config} --steps {steps} --seeds {seeds} [--code-judge "
-        "PATH]` on this "
-        f"machine ({cpu_model()}, {os.cpu_count()} CPUs), TRL {trl.__version__}, transformers "
-        f"{transformers.__version__}; {wall:.0f} s in all. Both sides start from the same SFT "
-        "checkpoint "
-        f"(held-out {sft_acc:.3f}) and train RL stage 1 for {steps} steps per seed. Means over "
-        "seeds and steps (the first step of each run left out: it warms caches). Tool time is the "
-        "sum of the calls' latencies (the local trainer overlaps them with other rollouts' "
-        "generation; TRL runs a batch's calls one after "
-        f"another). ![curves]({png})",
+        f"PATH]` on this machine ({cpu_model()}, {os.cpu_count()} CPUs), TRL {trl.__version__}, "
+        f"transformers {transformers.__version__}; {wall:.0f} s in all. Both sides start from the "
+        f"same SFT checkpoint (held-out {sft_acc:.3f}) and train RL stage 1 for {steps} steps per "
+        "seed. Means over seeds and steps (the first step of each run left out: it warms caches). "
+        "Tool time is the sum of the calls' latencies (the local trainer overlaps them with other "
+        f"rollouts' generation; TRL runs a batch's calls one after another). ![curves]({png})",
         "",
-        "| side | s / step | rollout s | tool s | reward s | update s | tokens / step | tokens / s "
-        "| held-out after "
-        f"{steps} steps |",
+        "| side | s / step | rollout s | tool s | reward s | update s | tokens / step | tokens / "
+        f"s | held-out after {steps} steps |",
         "|---|---|---|---|---|---|---|---|---|",
         *(
             f"| {side} | {m['step_s']:.2f} | {m['rollout_s']:.2f} | {m['tool_s']:.2f} | "
@@ -304,11 +300,9 @@ def report(
         ),
         "",
         "Targets: the local trainer's generated tokens/s at equal settings (rstar GRPO vs TRL "
-        "GRPO) at least "
-        f"{TARGET_SPEEDUP}x TRL's: {speedup:.2f}x, "
+        f"GRPO) at least {TARGET_SPEEDUP}x TRL's: {speedup:.2f}x, "
         f"{'met' if speedup >= TARGET_SPEEDUP else 'NOT met'}; held-out accuracy after {steps} "
-        f"steps of the recipe's trainer (GRPO-RoC) not lower than "
-        "TRL's: "
+        "steps of the recipe's trainer (GRPO-RoC) not lower than TRL's: "
         f"{s['rstar GRPO-RoC']['held_out_mean']:.3f} vs {s['TRL GRPO']['held_out_mean']:.3f}, "
         f"{'met' if not_lower else 'NOT met'}.",
         "",

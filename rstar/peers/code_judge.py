@@ -28,10 +28,8 @@ from rstar.sandbox.process import SandboxProcess, free_port
 
 MEASURED_AT = "fbc5293"  # the code-judge commit the issue's anchors were measured at
 GET_IT = f"git clone https://github.com/0xWJ/code-judge && git -C code-judge checkout {MEASURED_AT}"
-TARGETS = {
-    "throughput_x": 20.0,
-    "p50_ms": 3.0,
-}  # trivial calls/s over code-judge's; ours, through its API
+# trivial calls/s over code-judge's; ours, through its API
+TARGETS = {"throughput_x": 20.0, "p50_ms": 3.0}
 PER_BATCH, IN_FLIGHT = 100, 4
 
 
@@ -221,8 +219,8 @@ def report(results: list[Result], checkout: str | None, workers: int = 2) -> lis
         "### The sandbox against code-judge, through code-judge's API",
         "",
         f"One httpx client for both: `/run/long-batch` ({PER_BATCH} a batch, {IN_FLIGHT} in "
-        "flight) for calls/s, "
-        f"`/run` one at a time for p50. Trivial: `{TRIVIAL}`; sympy: `{SYMPY}`.",
+        f"flight) for calls/s, `/run` one at a time for p50. Trivial: `{TRIVIAL}`; sympy: "
+        f"`{SYMPY}`.",
         "",
         "| system | trivial calls/s | sympy calls/s | p50 ms, one in flight |",
         "|---|---|---|---|",
@@ -243,17 +241,14 @@ def report(results: list[Result], checkout: str | None, workers: int = 2) -> lis
     ratio = ours.trivial_per_s / theirs.trivial_per_s
     lines += [
         f"code-judge as its README runs it without Docker: Redis, the API (uvicorn, {workers} "
-        "workers) and "
-        f"{workers} judge workers on loopback, this project's interpreter for the snippets "
-        f"(measured at {MEASURED_AT} in the issue).",
+        f"workers) and {workers} judge workers on loopback, this project's interpreter for the "
+        f"snippets (measured at {MEASURED_AT} in the issue).",
         "",
         f"Targets: trivial calls/s at least {TARGETS['throughput_x']:.0f}x code-judge's: "
         f"{ratio:.1f}x, {'met' if ratio >= TARGETS['throughput_x'] else 'NOT met'}; p50 through "
-        f"code-judge's API "
-        "at most "
-        f"{TARGETS['p50_ms']:.0f} ms: {ours.p50_ms:.1f} ms, "
+        f"code-judge's API at most {TARGETS['p50_ms']:.0f} ms: {ours.p50_ms:.1f} ms, "
         f"{'met' if ours.p50_ms <= TARGETS['p50_ms'] else 'NOT met'}; sympy "
         f"{ours.sympy_per_s / theirs.sympy_per_s:.0f}x, p50 {theirs.p50_ms / ours.p50_ms:.1f}x "
-        f"lower.",
+        "lower.",
     ]
     return lines

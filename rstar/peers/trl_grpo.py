@@ -178,9 +178,8 @@ def train_trl(
                 on_step(state.global_step, step)
 
     trainer.add_callback(PerStep())
-    trainer.remove_callback(
-        PrinterCallback
-    )  # its per-step dict of every metric: the bench prints its own line
+    # its per-step dict of every metric: the bench prints its own line
+    trainer.remove_callback(PrinterCallback)
     try:
         trainer.train()
     finally:

@@ -145,9 +145,8 @@ async def run_verl_loop(
     start = time.monotonic()
     outs = await asyncio.gather(*(one(p) for p in problems))
     wall = time.monotonic() - start
-    turns = (
-        sum(o.num_turns // 2 for o, _ in outs) or 1
-    )  # verl counts user, assistant and tool turns
+    # verl counts user, assistant and tool turns
+    turns = sum(o.num_turns // 2 for o, _ in outs) or 1
     own = sum(w for _, w in outs) - timed.generate_s - timed_tool.spent_s
     name = "verl ToolAgentLoop" + ("" if model_type else " (no model_type)")
     return LoopResult(
@@ -244,11 +243,10 @@ def report(results: list[LoopResult], loop: LoopConfig) -> list[str]:
         "### The agent loop against verl's ToolAgentLoop",
         "",
         f"{ours.rollouts} training problems, one rollout each, greedy (so the two can be compared "
-        "token for token), "
-        f"at most {loop.max_turns} turns and {loop.max_response_tokens} response tokens, through "
-        "one HF engine (verl's server interface for verl's loop) and one sandbox service (this "
-        "project's tool as a verl tool). Own time per turn: each rollout's wall time less its "
-        "generate calls and tool calls, summed, over the turns.",
+        f"token for token), at most {loop.max_turns} turns and {loop.max_response_tokens} response "
+        "tokens, through one HF engine (verl's server interface for verl's loop) and one sandbox "
+        "service (this project's tool as a verl tool). Own time per turn: each rollout's wall "
+        "time less its generate calls and tool calls, summed, over the turns.",
         "",
         "| loop | rollouts/s | turns | own ms per turn |",
         "|---|---|---|---|",
@@ -261,7 +259,7 @@ def report(results: list[LoopResult], loop: LoopConfig) -> list[str]:
         f"{ours.rollouts}. Target: the agent loop's own time per turn no higher than verl's: "
         f"{ours.own_s_per_turn * 1e3:.2f} vs {theirs.own_s_per_turn * 1e3:.2f} ms, "
         f"{'met' if met else 'NOT met'}.",
-        f"verl's loop is given the model's `model_type`; without it (verl's default token builder) "
+        "verl's loop is given the model's `model_type`; without it (verl's default token builder) "
         f"{_same(ours, untyped)[0]} of {ours.rollouts} rollouts have the same token ids: that "
         "builder drops the newline after the model's `<|im_end|>` before a tool turn, a context "
         "the chat template never renders.",

@@ -92,7 +92,7 @@ def ablation(
                     m["tool_error_rate_positive"],
                 )
 
-            out[mode][seed] = asyncio.run(train_from(path, problems, cfg, work, progress))
+            out[mode][seed] = asyncio.run(train_from(path, problems, cfg, work, progress)).history
             shutil.rmtree(work, ignore_errors=True)
     return out
 
@@ -152,9 +152,8 @@ def plot_ablation(histories: dict[str, dict[int, list[dict]]], path: str) -> Non
     axes[0].set_title("tool errors per call in correct trajectories", fontsize=9)
     axes[1].set_title("rollout accuracy", fontsize=9)
     for ax in axes:
-        ax.axvspan(
-            last - window + 0.5, last + 0.5, color="0.9", zorder=0
-        )  # the compared end window
+        # the compared end window
+        ax.axvspan(last - window + 0.5, last + 0.5, color="0.9", zorder=0)
         ax.set_xlabel("RL stage 1 step")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -233,26 +232,24 @@ def write_recipe_benchmark(
         "",
         f"This invocation's wall time (cached stages included): {wall:.0f} s.",
         "",
-        "Held-out accuracy (avg pass@1 over all held-out problems, "
-        f"k={recipe.eval.k}, temperature {recipe.eval.temperature}):",
+        f"Held-out accuracy (avg pass@1 over all held-out problems, k={recipe.eval.k}, temperature "
+        f"{recipe.eval.temperature}):",
         "",
         "| checkpoint | accuracy |",
         "|---|---|",
         *(f"| {name} | {a:.3f} |" for name, a in acc.items()),
         "",
         f"Targets: SFT <= 0.30 ({'met' if acc['sft'] <= 0.30 else 'NOT met'}); after stage 3 >= "
-        f"0.80 ({'met' if acc[recipe.rl[-1].name] >= 0.80 else 'NOT met'}) and "
-        "+0.40 over SFT "
+        f"0.80 ({'met' if acc[recipe.rl[-1].name] >= 0.80 else 'NOT met'}) and +0.40 over SFT "
         f"({'met' if acc[recipe.rl[-1].name] - acc['sft'] >= 0.40 else 'NOT met'}).",
         "",
         f"Ablation, RL stage 1 from the same SFT checkpoint, {recipe.rl[0].steps} steps, both "
-        "modes with "
-        f"the same {seeds} seeds (prompts, sampling and RoC draws), compared over the last "
-        f"{window} steps (![curves]({os.path.basename(png)})):",
+        f"modes with the same {seeds} seeds (prompts, sampling and RoC draws), compared over the "
+        f"last {window} steps (![curves]({os.path.basename(png)})):",
         "",
         *table,
         "",
-        f"Target: RoC below GRPO in the correct trajectories sampled, pooled over the seeds "
+        "Target: RoC below GRPO in the correct trajectories sampled, pooled over the seeds "
         f"({'met' if met else 'NOT met'}; the kept ones are lower under RoC by selection alone).",
     ]
     return publish(out, "tiny-recipe", lines)

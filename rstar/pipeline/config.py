@@ -69,9 +69,8 @@ class BaseModelSpec(_Strict):
     path: str | None = None
     hidden: int = 192
     layers: int = 4
-    number_chunk: int = Field(
-        0, ge=0, le=3
-    )  # digits per number token, 0: one per digit (rstar.model.tiny.build_tokenizer)
+    # digits per number token, 0: one per digit (rstar.model.tiny.build_tokenizer)
+    number_chunk: int = Field(0, ge=0, le=3)
     pretrain_steps: int = 1500
     pretrain_lr: float = 2e-3
     pretrain_batch: int = 16  # rows of pretrain_seq_len packed tokens

@@ -36,9 +36,8 @@ class StageInputs:
     model: ModelRef | None = None  # sft, RL stages, mining: the model it starts from
     problems: Stored | None = None  # RL stages, mining, evaluation: the problems it works on
     models: dict[str, ModelRef] = field(default_factory=dict)  # evaluation: checkpoints by name
-    copying: dict[str, dict] = field(
-        default_factory=dict
-    )  # evaluation: copy_* probes of base and SFT
+    # evaluation: copy_* probes of base and SFT
+    copying: dict[str, dict] = field(default_factory=dict)
     report_name: str = "eval"  # evaluation: its directory under reports/ (a re-evaluation's own)
 
     def key(self) -> dict:

@@ -155,21 +155,18 @@ def run_robustness(
         f"`rstar bench-recipe --config {config} --robustness --seeds "
         f"{seeds}{' --rebuild-base' if rebuild_base else ''}` on {cpu_model()} ({os.cpu_count()} "
         f"CPUs), torch {torch.__version__}, transformers {transformers.__version__} "
-        f"(constraints.txt), "
-        "code version "
-        f"{rstar.__version__}, {time.strftime('%Y-%m-%d')}. Each run is the whole recipe from the "
-        "base in a fresh process and storage "
-        f"root; the base is {base}. A seed moves SFT's data and order and every RL stage's "
-        "prompts, sampling and RoC draws; the kernel set (`ATEN_CPU_CAPABILITY`) and thread count "
-        "stand in for other CPUs. Held-out accuracy is avg pass@1 over the "
+        f"(constraints.txt), code version {rstar.__version__}, {time.strftime('%Y-%m-%d')}. Each "
+        "run is the whole recipe from the base in a fresh process and storage root; the base is "
+        f"{base}. A seed moves SFT's data and order and every RL stage's prompts, sampling and RoC "
+        "draws; the kernel set (`ATEN_CPU_CAPABILITY`) and thread count stand in for other CPUs. "
+        "Held-out accuracy is avg pass@1 over the "
         f"{recipe.eval_problems.synthetic.n if recipe.eval_problems.synthetic else ''} held-out "
         f"problems, k={recipe.eval.k}.",
         "",
         *table(results),
         "",
         f"Targets for every run: SFT <= {TARGETS['sft_max']}, stage 3 >= {TARGETS['final_min']} "
-        "and at least "
-        f"+{TARGETS['gain_min']} over SFT: "
+        f"and at least +{TARGETS['gain_min']} over SFT: "
         f"{'met by every run' if every else 'NOT met by every run'}.",
     ]
     return publish(out, "tiny-robustness", lines)

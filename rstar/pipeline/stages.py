@@ -176,9 +176,8 @@ def sft(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput
     if recipe.engine == "verl":
         merged = verl_stages.sft(recipe, inputs, log, cfg, data)
         copying = {}
-        if (
-            recipe.base.build_tiny
-        ):  # the copy probes are the tiny model's diagnostic; a real one is never loaded here
+        # the copy probes are the tiny model's diagnostic; a real one is never loaded here
+        if recipe.base.build_tiny:
             copying = _copy_probe(*load(merged), log, recipe, chat=True)
         return model_output(
             publish(
@@ -203,8 +202,7 @@ def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) 
     """One GRPO-RoC stage, resumable: an interrupted run continues from its last checkpoint
     (in the stage's working directory, or the one last pushed to remote storage)."""
     from rstar.data.io import read_table
-    from rstar.sandbox.service import embedded_sandbox
-    from rstar.train.rl import RLTrainer
+    from rstar.train.rl import train_from
 
     cfg = next(s for s in recipe.rl if s.name == stage)
     work, remote_work = cache.work_dir(recipe, stage, inputs)
@@ -225,17 +223,14 @@ def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) 
         pulled = dirs.pull(ckpt_uri)
         if pulled:
             shutil.copytree(pulled, os.path.join(work, "checkpoint"))
-    if not os.path.exists(
-        os.path.join(work, "checkpoint")
-    ):  # a fresh start: drop other runs' step files
+    # a fresh start: drop other runs' step files
+    if not os.path.exists(os.path.join(work, "checkpoint")):
         fs, path = filesystem(layout.trajectories(stage))
         if fs.exists(path):
             fs.rm(path, recursive=True)
     cfg = replace(cfg, init_from=dirs.pull(inputs.model.uri), prompt_style=recipe.prompt_style)
     rows = read_table(inputs.problems.uri, ("problems", "hard_problems")).to_pylist()
     log.dataset(inputs.problems.uri, "rl_problems", inputs.problems.digest, context="training")
-    model, tok = load(inputs.model.uri)
-
     clock = StepClock(cfg.steps, stage)
 
     def on_step(step: int, metrics: dict) -> None:
@@ -250,25 +245,20 @@ def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) 
     def on_checkpoint(step: int) -> None:
         dirs.push(ckpt_uri, os.path.join(work, "checkpoint"))  # for a remote root: a new version
 
-    async def main():
-        async with embedded_sandbox() as sb:
-            trainer = RLTrainer(
-                model,
-                tok,
-                rows,
-                sb,
-                cfg,
-                work,
-                on_step=on_step,
-                on_checkpoint=on_checkpoint,
-                trajectories=layout.trajectories(stage),
-            )
-            return await trainer.run(), trainer
-
-    history, trainer = asyncio.run(main())
-    log.tag(
-        "rstar.started_as", trainer.started_as
-    )  # "resumed" after a retry picked up a checkpoint
+    trainer = asyncio.run(
+        train_from(
+            cfg.init_from,
+            rows,
+            cfg,
+            work,
+            on_step,
+            on_checkpoint=on_checkpoint,
+            trajectories=layout.trajectories(stage),
+        )
+    )
+    history = trainer.history
+    # "resumed" after a retry picked up a checkpoint
+    log.tag("rstar.started_as", trainer.started_as)
     log.curves(
         history,
         ["accuracy", "tool_error_rate", "tool_error_rate_positive", "response_len_mean"],
@@ -386,9 +376,8 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
     summaries = {}
     for name, model in inputs.models.items():
         path = dirs.pull(model.uri)
-        if (
-            model.digest and (found := digest(path)) != model.digest
-        ):  # e.g. a registered version's files, changed
+        # e.g. a registered version's files, changed
+        if model.digest and (found := digest(path)) != model.digest:
             raise NotRetryable(
                 f"{name}: the files at {model.uri} have digest {found}, not the {model.digest} "
                 "they were registered with"

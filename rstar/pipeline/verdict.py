@@ -18,9 +18,8 @@ from rstar.eval.run import overall_accuracy
 
 @dataclass
 class Expect:
-    __pydantic_config__ = {
-        "extra": "forbid"
-    }  # a recipe (rstar.pipeline.config) may not add unknown keys
+    # a recipe (rstar.pipeline.config) may not add unknown keys
+    __pydantic_config__ = {"extra": "forbid"}
     first_stage_gain: float = 0.0  # held-out accuracy the first RL stage must add to SFT's
     final_gain: float = 0.0  # ... and the last RL stage
 
@@ -59,8 +58,8 @@ def verdict(
         if probes:
             lines.append(
                 f"copy probes (greedy, 1.00 = every number copied exactly): {probes}. A read_back "
-                "well below 1 means the SFT model does not copy the tool's output into \\boxed{}: "
-                "RL then has few correct rollouts to learn from."
+                "well below 1 means the SFT model does not copy the tool's output into "
+                f"\\boxed{{}}: RL then has few correct rollouts to learn from."
             )
         lines.append(
             "where to look: each RL stage's MLflow run (accuracy and tool-error curves, "

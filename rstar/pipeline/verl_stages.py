@@ -107,17 +107,15 @@ def _run(cmd: list[str], stage: str, log, work: str, recipe: Recipe, checkpoint)
     # on the CPU: torch threads per training process, which Ray would otherwise start with one
     env = {**os.environ, **verl_env(device, int(recipe.resources.cpus)), **mlflow_env}
     if device == "cpu":
-        env.pop(
-            "RAY_ADDRESS", None
-        )  # verl on the CPU starts a Ray of its own, with its training slots
+        # verl on the CPU starts a Ray of its own, with its training slots
+        env.pop("RAY_ADDRESS", None)
     else:  # verl joins the Ray this stage runs on (the cluster), where its GPUs are
         import ray
 
         if ray.is_initialized():
             env.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
-    subprocess.run(
-        cmd, check=True, env=env, cwd=work
-    )  # Hydra's outputs/ land in the work directory
+    # Hydra's outputs/ land in the work directory
+    subprocess.run(cmd, check=True, env=env, cwd=work)
     merged = os.path.join(work, "hf")
     subprocess.run(merge_command(checkpoint(), merged), check=True, env=env)
     return merged

@@ -92,7 +92,7 @@ def run_reward_benchmark(integer_items: int, symbolic_items: int, out: str) -> l
         "## Reward verification (`rstar reward bench`)",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {cores} cores. Integer items: boxed answers in "
-        "mixed formats (`1,000`, `+1000`, `1000.0`, `\\text{}`), half of them wrong. Symbolic "
+        f"mixed formats (`1,000`, `+1000`, `1000.0`, `\\text{{}}`), half of them wrong. Symbolic "
         "items: fractions and radicals that need math-verify. Each symbolic verification is "
         "bounded by a 5 s limit inside math-verify and a hard deadline outside it.",
         "",

@@ -50,9 +50,8 @@ def calibrate(model_dir: str) -> ReplicaModel:
 
     sizes = [1, 4, 8, 16, 32]
     asyncio.run(step_time(4))  # warm-up: the first steps pay one-off allocations
-    times = [
-        min(asyncio.run(step_time(b)) for _ in range(3)) for b in sizes
-    ]  # noise only adds time
+    # noise only adds time
+    times = [min(asyncio.run(step_time(b)) for _ in range(3)) for b in sizes]
     mb, mt = statistics.fmean(sizes), statistics.fmean(times)
     c = sum((b - mb) * (t - mt) for b, t in zip(sizes, times)) / sum((b - mb) ** 2 for b in sizes)
     a = max(1e-4, mt - c * mb)
@@ -206,10 +205,9 @@ def run_scheduler_benchmark(
         "stores them; response length depends on the problem: each prompt draws a median "
         "(log-normal around 2.5K, sigma 0.6), its samples vary around it (sigma 0.45), clipped to "
         "1K-12K tokens; 1-6 turns, tool waits uniform in 0.05-2 s, tool responses of 120 tokens. "
-        "Replica model: a decode step costs a + c x batch seconds, prefill a fixed time per token. "
-        "Measured on the local engine here: a = "
-        f"{local.a * 1e3:.2f} ms, c = {local.c * 1e3:.3f} ms, prefill "
-        f"{local.prefill_s_per_token * 1e6:.1f} us/token (KV "
+        "Replica model: a decode step costs a + c x batch seconds, prefill a fixed time per "
+        f"token. Measured on the local engine here: a = {local.a * 1e3:.2f} ms, c = "
+        f"{local.c * 1e3:.3f} ms, prefill {local.prefill_s_per_token * 1e6:.1f} us/token (KV "
         "capacity set to 24 worst-case rollouts). The GPU-like profile is an assumption (25 ms + "
         "0.1 ms x batch, 100 us/token prefill, 320K KV tokens), not a measurement. Static (the "
         "public release's split): the batch cut into equal contiguous chunks up front (verl's "

@@ -242,9 +242,8 @@ class HFEngine:
                 self._cache, self._width = None, 0
             else:
                 idx = torch.tensor(keep, device=self.device)
-                trim = self._width - max(
-                    s.length for s in self._active
-                )  # drop columns that are padding for all
+                # drop columns that are padding for all
+                trim = self._width - max(s.length for s in self._active)
                 self._cache = [
                     (k.index_select(0, idx)[:, :, trim:], v.index_select(0, idx)[:, :, trim:])
                     for k, v in self._cache

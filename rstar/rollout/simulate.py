@@ -28,9 +28,8 @@ from rstar.rollout.scheduler import plan_dispatch
 
 @dataclass
 class Workload:
-    turns: list[
-        list[tuple[int, float]]
-    ]  # per rollout: [(tokens generated this turn, tool wait after it)]
+    # per rollout: [(tokens generated this turn, tool wait after it)]
+    turns: list[list[tuple[int, float]]]
     prompt_tokens: int = 300
     tool_tokens: int = 120  # tokens of each tool response
     max_response: int = 12_288
@@ -163,9 +162,8 @@ def simulate(
     alive = [True] * replicas
 
     def place(i: int, req: _Req, now: float) -> None:
-        if (
-            home.setdefault(req.rollout, i) != i
-        ):  # moved off a full replica: recompute its context here
+        # moved off a full replica: recompute its context here
+        if home.setdefault(req.rollout, i) != i:
             home[req.rollout] = i
             req.cached, req.recompute = False, True
             stats["moved"] += 1

@@ -70,9 +70,8 @@ class KVBalancedRouter:
             [] if home is not None else [need],
         )
         i = resumed[0] if home is not None else (new[0] if new else None)
-        if (
-            i is None
-        ):  # no replica has room: cannot wait here, so queue where the prefix is (or the emptiest)
+        # no replica has room: cannot wait here, so queue where the prefix is (or the emptiest)
+        if i is None:
             self.overcommitted += 1
             i = home if home is not None else max(range(len(ids)), key=free.__getitem__)
         server = ids[i]

@@ -118,9 +118,8 @@ async def _measure_service(url: str, meter: CostMeter, trivial: int, sympy: int,
     async with SandboxClient(url, batch_size=256, batch_window_ms=2.0) as warm:
         await warm.run_many([ExecRequest(TRIVIAL)] * 200 + [ExecRequest(SYMPY)] * 50)
     async with SandboxClient(url, batch_size=1, batch_window_ms=0.0) as client:
-        single_row = await _single(
-            client, single
-        )  # first, while no earlier load's aftermath is about
+        # first, while no earlier load's aftermath is about
+        single_row = await _single(client, single)
     async with SandboxClient(url, batch_size=256, batch_window_ms=2.0) as client:
         before = meter.snapshot()
         rows = [await _throughput(client, TRIVIAL, trivial, "trivial")]
@@ -208,14 +207,13 @@ def run_benchmarks(
         "## Sandbox (`rstar sandbox bench`)",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {cores} cores ({cpu_model()}), Python "
-        f"{platform.python_version()}, with full isolation on (own uid, rlimits, empty "
-        "network and private read-only mount namespace per call). The service runs as a separate "
-        "process on loopback with its default configuration; calls go through the async client and "
-        "the native batch API (`POST /v1/execute`, 256 calls per request; the client runs on "
-        "uvloop). Throughput rows submit all calls at once, so their latencies include queueing; "
-        "the single-call row is measured first, on the idle service. "
-        f"The baseline runs `subprocess.run([python, '-c', code])` per call on {cores} threads in "
-        "the same run.",
+        f"{platform.python_version()}, with full isolation on (own uid, rlimits, empty network and "
+        "private read-only mount namespace per call). The service runs as a separate process on "
+        "loopback with its default configuration; calls go through the async client and the "
+        "native batch API (`POST /v1/execute`, 256 calls per request; the client runs on uvloop). "
+        "Throughput rows submit all calls at once, so their latencies include queueing; the "
+        "single-call row is measured first, on the idle service. The baseline runs "
+        f"`subprocess.run([python, '-c', code])` per call on {cores} threads in the same run.",
         "",
         "| system | workload | calls | calls/s | p50 ms | p95 ms | p99 ms |",
         "|---|---|---|---|---|---|---|",

@@ -48,9 +48,8 @@ def check_health(url: str, timeout_s: float = 10.0) -> None:
     except (urllib.error.URLError, OSError) as e:
         reason = str(getattr(e, "reason", e))
     raise SandboxUnreachable(
-        f"sandbox service {url} does not answer its health check ({reason}): start it "
-        "(rstar sandbox serve) or fix sandbox_url; an RL stage without it would train on error "
-        "responses"
+        f"sandbox service {url} does not answer its health check ({reason}): start it (rstar "
+        "sandbox serve) or fix sandbox_url; an RL stage without it would train on error responses"
     )
 
 
@@ -165,9 +164,8 @@ class SandboxClient:
         loop = asyncio.get_running_loop()
         give_up, error, attempt = loop.time() + self.retry_for_s, "", 0
         while True:
-            waiting = [
-                (r, fut) for r, fut in batch if not fut.done()
-            ]  # a call past its deadline is cancelled
+            # a call past its deadline is cancelled
+            waiting = [(r, fut) for r, fut in batch if not fut.done()]
             if not waiting:
                 return
             try:

@@ -325,9 +325,8 @@ class Executor:
                         os._exit(0)
                     snippet = next(reader.feed(data), None)
                 os.close(4)
-            confine(
-                slot.uid, self.limits
-            )  # only now: a process has a call uid only while it runs a call
+            # only now: a process has a call uid only while it runs a call
+            confine(slot.uid, self.limits)
             source, body, last = snippet
             code = runner.run(source, body, last, 3, self.cfg["max_output_bytes"])
         except BaseException as e:  # noqa: BLE001 - report, never fall back into the server loop
@@ -379,9 +378,8 @@ class Executor:
         meta = os.pread(slot.meta, cap + 2048, 0).decode("utf-8", "replace")
         slot.clean()
         self.free.append(slot)
-        if (
-            call.req is None
-        ):  # a spare that died unused (killed at shutdown, say): nothing to report
+        # a spare that died unused (killed at shutdown, say): nothing to report
+        if call.req is None:
             if call in self.spares:
                 self.spares.remove(call)
                 os.close(call.feed)
@@ -415,9 +413,8 @@ class Executor:
             reason = meta[1:] if meta.startswith("E") else f"exit code {code}"
             if reason.startswith("MemoryError"):
                 reason = f"MemoryError: memory limit of {self.cfg['memory_mb']} MiB exceeded"
-            elif (
-                "[Errno 27]" in reason
-            ):  # EFBIG: Python ignores SIGXFSZ, so the write raised instead
+            # EFBIG: Python ignores SIGXFSZ, so the write raised instead
+            elif "[Errno 27]" in reason:
                 return {
                     "exit_code": code,
                     "status": "killed",

@@ -68,10 +68,8 @@ SYSTEM_PATHS = (
 )
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}  # syscall numbers: glibc has no wrapper
 MNT_DETACH = 2
-_STAY_WRITABLE = (
-    "/tmp",
-    "/proc",
-)  # the calls' tmpfs (not what is bound into it); /proc/self/oom_score_adj
+# the calls' tmpfs (not what is bound into it); /proc/self/oom_score_adj
+_STAY_WRITABLE = ("/tmp", "/proc")
 
 
 def _check(ret: int, what: str) -> None:
@@ -142,10 +140,8 @@ def _build_root(workdir_mb: int, paths: list[str]) -> list[str]:
     warnings = []
     os.makedirs(NEW_ROOT, mode=0o755, exist_ok=True)
     _mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
-    for path, size in (
-        ("/tmp", f"{workdir_mb}m"),
-        ("/dev/shm", "1m"),
-    ):  # first: a checkout in /tmp binds on top
+    # first: a checkout in /tmp binds on top
+    for path, size in (("/tmp", f"{workdir_mb}m"), ("/dev/shm", "1m")):
         os.makedirs(NEW_ROOT + path, mode=0o755, exist_ok=True)
         _mount("tmpfs", NEW_ROOT + path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0755,size={size}")
     for path in _minimal_paths([*SYSTEM_PATHS, *paths]):
@@ -216,8 +212,8 @@ def enter_namespaces(workdir_mb: int, expose: list[str]) -> list[str]:
                     f.write(text)
         except OSError as e:
             return [
-                f"no network or mount namespace ({e}): calls can reach the network "
-                "and write to shared directories such as /tmp"
+                f"no network or mount namespace ({e}): calls can reach the network and write to "
+                "shared directories such as /tmp"
             ]
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
     warnings += _build_root(workdir_mb, expose)
@@ -262,10 +258,8 @@ def interpreter_paths() -> list[str]:
         package,
     ]
     if os.path.exists(os.path.join(venv, "pyvenv.cfg")):
-        paths += [
-            venv,
-            os.path.realpath(venv),
-        ]  # the path it was started by, and where it really is
+        # the path it was started by, and where it really is
+        paths += [venv, os.path.realpath(venv)]
     # sys.path also holds the working directory ("/" here, for -m) and the project root: not those
     return paths + [
         p for p in sys.path if p and os.path.realpath(p) not in ("/", os.path.realpath(project))

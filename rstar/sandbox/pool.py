@@ -74,9 +74,8 @@ def executor_env(flavour: str) -> dict[str, str]:
         "HOME": ".",
         "TMPDIR": ".",
     }
-    if (
-        flavour == "warm"
-    ):  # glibc malloc on transparent huge pages: fork copies far fewer page tables
+    # glibc malloc on transparent huge pages: fork copies far fewer page tables
+    if flavour == "warm":
         env.update(PYTHONMALLOC="malloc", GLIBC_TUNABLES="glibc.malloc.hugetlb=1")
     return env
 
@@ -299,8 +298,7 @@ class ExecutorPool:
         )
 
     async def run_many(self, reqs: list[ExecRequest]) -> list[ExecResult]:
-        if (
-            len(reqs) == 1
-        ):  # no task hop for a lone call: it is latency, not throughput, that counts
+        # no task hop for a lone call: it is latency, not throughput, that counts
+        if len(reqs) == 1:
             return [await self.run(reqs[0])]
         return list(await asyncio.gather(*(self.run(r) for r in reqs)))

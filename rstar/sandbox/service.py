@@ -232,9 +232,8 @@ class SandboxService:
         loop = asyncio.get_running_loop()
         items = []
         for req in reqs:
-            await (
-                self._admission.acquire()
-            )  # blocks while max_queue calls are outstanding: back-pressure
+            # blocks while max_queue calls are outstanding: back-pressure
+            await self._admission.acquire()
             item = _Item(req, loop.create_future(), time.monotonic())
             item.future.add_done_callback(lambda _: self._admission.release())
             self.queue.put_nowait(item)

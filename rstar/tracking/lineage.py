@@ -33,9 +33,8 @@ class Link:
 class Lineage:
     data: list[dict]  # the problems stage's datasets (train and held-out, with digests)
     chain: list[Link]  # oldest (base) first, the asked-for version last
-    evaluations: list[
-        dict
-    ]  # per run evaluating it: run_id, label, date, settings, data, avg pass@1 metrics
+    # per run evaluating it: run_id, label, date, settings, data, avg pass@1 metrics
+    evaluations: list[dict]
 
 
 def _split(version: str, default_name: str | None) -> tuple[str, str]:

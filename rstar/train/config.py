@@ -10,9 +10,8 @@ from rstar.algo.roc import RoCConfig
 
 @dataclass
 class SFTConfig:
-    __pydantic_config__ = {
-        "extra": "forbid"
-    }  # a recipe (rstar.pipeline.config) may not add unknown keys
+    # a recipe (rstar.pipeline.config) may not add unknown keys
+    __pydantic_config__ = {"extra": "forbid"}
     epochs: int = 3
     lr: float = 5e-6
     warmup_ratio: float = 0.04
@@ -33,9 +32,8 @@ class SFTConfig:
 
 @dataclass
 class StageConfig:
-    __pydantic_config__ = {
-        "extra": "forbid"
-    }  # a recipe (rstar.pipeline.config) may not add unknown keys
+    # a recipe (rstar.pipeline.config) may not add unknown keys
+    __pydantic_config__ = {"extra": "forbid"}
     name: str = "rl1"
     steps: int = 10
     prompts_per_step: int = 8

@@ -63,9 +63,11 @@ async def train_from(
     cfg: StageConfig,
     out_dir: str,
     on_step: Callable[[int, dict], None] | None = None,
-) -> list[dict]:
+    **trainer_kw,
+) -> RLTrainer:
     """Train the stage `cfg` from the Hugging Face checkpoint `model_dir` with the embedded
-    sandbox; its last checkpoint lands in `out_dir/checkpoint`. Returns the per-step history."""
+    sandbox; its last checkpoint lands in `out_dir/checkpoint`. Returns the trainer (its
+    `history`: the per-step metrics). `trainer_kw`: RLTrainer's `trajectories`, `on_checkpoint`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rstar.sandbox.service import embedded_sandbox
@@ -80,8 +82,10 @@ async def train_from(
             cfg,
             out_dir,
             on_step=on_step,
+            **trainer_kw,
         )
-        return await trainer.run()
+        await trainer.run()
+        return trainer
 
 
 class RLTrainer:
@@ -166,9 +170,8 @@ class RLTrainer:
             torch.set_rng_state(state["torch_rng"])
             self.step, self.history = state["step"], state["history"]
             return "resumed"
-        if (
-            state is not None and not self.cfg.reset_optimizer
-        ):  # carry the moments over; the new stage's lr schedule starts afresh
+        # carry the moments over; the new stage's lr schedule starts afresh
+        if state is not None and not self.cfg.reset_optimizer:
             moments = state["optimizer"]
             for group in moments["param_groups"]:
                 group.update(lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
@@ -257,9 +260,8 @@ class RLTrainer:
             torch.tensor([r["reward"] for r in kept]), mask, [r["group_id"] for r in kept]
         )
         old = None  # one optimizer step per batch: the policy that sampled is the one the loss sees
-        if (
-            cfg.mini_batches > 1
-        ):  # later mini-batches see an updated policy: keep the sampling one's
+        # later mini-batches see an updated policy: keep the sampling one's
+        if cfg.mini_batches > 1:
             with torch.no_grad():
                 old = torch.cat(
                     [

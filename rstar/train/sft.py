@@ -36,9 +36,8 @@ def encode_example(
     for i, m in enumerate(messages):
         if m["role"] == "assistant":
             start = len(render(messages[:i], gen=True))
-            end = (
-                len(render(messages[: i + 1])) - 1
-            )  # up to and including <|im_end|>, not the newline
+            # up to and including <|im_end|>, not the newline
+            end = len(render(messages[: i + 1])) - 1
             spans.append((start, end))
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"][:max_length]

@@ -258,8 +258,8 @@ def build_verl_run(
     router = os.path.join(out_dir, "router.yaml")
     with open(router, "w") as f:
         f.write(
-            "router_class: rstar.rollout.verl_router.KVBalancedRouter\n"
-            f"kv_cache_tokens: {kv_cache_tokens or 'null'}\n"
+            "router_class: rstar.rollout.verl_router.KVBalancedRouter\nkv_cache_tokens: "
+            f"{kv_cache_tokens or 'null'}\n"
         )
     return verl_command(
         cfg,

@@ -42,9 +42,8 @@ class SFTChats(Dataset):
             encode_example(tokenizer, json.loads(r["messages"]), config.max_length, style)
             for r in rows
         )
-        self.examples = [
-            e for e in encoded if sum(e[1])
-        ]  # a chat cut before any assistant token teaches nothing
+        # a chat cut before any assistant token teaches nothing
+        self.examples = [e for e in encoded if sum(e[1])]
         if not self.examples:
             raise ValueError(
                 f"{files}: no chat has an assistant token within max_length {config.max_length}"
@@ -111,9 +110,8 @@ def sft_overrides(
         f"trainer.project_name={experiment}",
         "trainer.experiment_name=sft",
     ]
-    if (
-        device == "cpu"
-    ):  # verl on this machine's CPU (rstar.train.verl_cpu): float32, no fused kernels
+    # verl on this machine's CPU (rstar.train.verl_cpu): float32, no fused kernels
+    if device == "cpu":
         overrides += [
             "trainer.device=cpu",
             "engine.dtype=float32",

@@ -107,11 +107,8 @@ def test_released_mode_and_plain_grpo():
     assert select(group([], 32), cfg, random.Random(0)) == []
     g = group([0.3, 0.0, 0.9, 0.1, 2.0], 27)
     kept = select(g, cfg, random.Random(0))
-    assert [i for i in kept if g[i].positive] == [
-        0,
-        1,
-        3,
-    ]  # the 3 lowest penalties, deterministically
+    # the 3 lowest penalties, deterministically
+    assert [i for i in kept if g[i].positive] == [0, 1, 3]
     g = group([0.0] * 29, 3)
     kept = select(g, cfg, random.Random(0))
     assert sum(not g[i].positive for i in kept) == 2  # at least min_each negatives
@@ -157,9 +154,8 @@ def test_clip_higher_token_mean_loss():
     # positive advantage: ratio clipped above 1 + 0.28; negative: clipped below 1 - 0.2
     per_token = torch.tensor([[-1.25, -1.28, 0.0, -1.0], [0.8, 0.85, 1.1, 0.0]])
     assert loss.item() == pytest.approx(per_token.sum().item() / mask.sum().item(), abs=1e-5)
-    assert metrics["clip_fraction"] == pytest.approx(
-        2 / 6
-    )  # 1.35 and 0.75; masked tokens never count
+    # 1.35 and 0.75; masked tokens never count
+    assert metrics["clip_fraction"] == pytest.approx(2 / 6)
     half, _ = policy_loss(old[:1], ratios[:1].log(), adv[:1], mask[:1], batch_num_tokens=6)
     other, _ = policy_loss(old[1:], ratios[1:].log(), adv[1:], mask[1:], batch_num_tokens=6)
     assert (half + other).item() == pytest.approx(loss.item(), abs=1e-6)  # micro-batches add up

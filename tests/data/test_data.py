@@ -196,9 +196,8 @@ def test_files_that_are_not_what_they_claim(tmp_path):
 
 
 def test_hub_loading_path_reports_a_clear_error_offline(tmp_path, monkeypatch):
-    monkeypatch.setenv(
-        "HF_HUB_OFFLINE", "1"
-    )  # as on this machine: no hub; fail fast instead of retrying
+    # as on this machine: no hub; fail fast instead of retrying
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(DataError, match="no-such-org/no-such-dataset-rstar: not a local file"):
         curate(

@@ -13,14 +13,10 @@ def test_every_form_is_python_for_what_it_says():
     assert len({re.sub(r"\d+", "N", n) for n, _ in pairs}) == 20  # every form is drawn
     for notation, code in pairs:
         eval(code)
-        assert re.findall(r"\d+", code) == re.findall(r"\d+", notation), (
-            notation,
-            code,
-        )  # same numbers, same order
-    assert {"pow(" in c for n, c in pairs if "remainder" in n} == {
-        True,
-        False,
-    }  # a^b mod m and plain a mod m
+        # same numbers, same order
+        assert re.findall(r"\d+", code) == re.findall(r"\d+", notation), (notation, code)
+    # a^b mod m and plain a mod m
+    assert {"pow(" in c for n, c in pairs if "remainder" in n} == {True, False}
     # power_mod's "multiplying a by itself b times ... remainder on division by m" has its form too
     assert {c.startswith("pow(") for n, c in pairs if "by itself" in n and "remainder" in n} == {
         True

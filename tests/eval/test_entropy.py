@@ -36,11 +36,8 @@ def test_forking_and_reflection_tokens():
     )
     rep = analyze([r1, r2], tok, quantile=0.8, window=3)
     assert rep.model_tokens == 18
-    assert dict(rep.forking) == {
-        "but": 2,
-        "fix": 1,
-        "check": 1,
-    }  # the top 20% of 18 entropies: >= 0.3
+    # the top 20% of 18 entropies: >= 0.3
+    assert dict(rep.forking) == {"but": 2, "fix": 1, "check": 1}
     assert rep.reflection == [("fix", 1), ("check", 1)]  # within 3 tokens after the tool response
     assert rep.after_tool_tokens == 3
     assert any("answer but is" in c for c in rep.examples["but"])

@@ -112,9 +112,8 @@ def test_eval_command_compares_checkpoints(tiny_dir, tmp_path):
 
     from rstar.agent.format import STYLES, save_style
 
-    trained = str(
-        tmp_path / "rl1"
-    )  # as the pipeline publishes a checkpoint: with the prompt style it trained on
+    # as the pipeline publishes a checkpoint: with the prompt style it trained on
+    trained = str(tmp_path / "rl1")
     shutil.copytree(tiny_dir, trained)
     save_style(trained, "compact")
     r = CliRunner().invoke(

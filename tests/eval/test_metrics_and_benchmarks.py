@@ -151,9 +151,8 @@ def test_the_report_leads_with_one_overall_score_per_checkpoint_with_its_interva
             },
         }
     }
-    assert overall_accuracy(summaries["sft"]) == pytest.approx(
-        0.2
-    )  # questions weigh the same: (40*.25+20*.1)/60
+    # questions weigh the same: (40*.25+20*.1)/60
+    assert overall_accuracy(summaries["sft"]) == pytest.approx(0.2)
     lo, hi = overall_interval(summaries["sft"])
     se = ((40 / 60 * 0.05) ** 2 + (20 / 60 * 0.04) ** 2) ** 0.5
     assert (lo, hi) == (pytest.approx(0.2 - 1.96 * se), pytest.approx(0.2 + 1.96 * se))

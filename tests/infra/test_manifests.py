@@ -33,9 +33,8 @@ def test_the_sandbox_service_objects_pass_the_kubernetes_schema():
     head = next(
         o for o in objects if o["metadata"]["name"] == "sandbox-head" and o["kind"] == "Deployment"
     )
-    assert (
-        service["spec"]["selector"] == head["spec"]["template"]["metadata"]["labels"]
-    )  # the Service finds the head
+    # the Service finds the head
+    assert service["spec"]["selector"] == head["spec"]["template"]["metadata"]["labels"]
     # the recipes' sandbox_url names this Service and port
     with open(os.path.join(CLUSTER, "..", "..", "configs", "qwen3-14b.yaml")) as f:
         assert (

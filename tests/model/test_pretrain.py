@@ -44,9 +44,8 @@ def test_filler_trains_the_whole_vocabulary(tokenizer):
     without = set(
         packed_batch(TextSource(0), tokenizer, rows=200, seq_len=192)[0].flatten().tolist()
     )
-    assert len(words & without) < 0.5 * len(
-        words
-    )  # the fixed filler list alone leaves most untrained
+    # the fixed filler list alone leaves most untrained
+    assert len(words & without) < 0.5 * len(words)
 
 
 def test_copy_drills_vary_what_surrounds_the_copy():
@@ -57,12 +56,10 @@ def test_copy_drills_vary_what_surrounds_the_copy():
     assert any(d.startswith("<|im_start|>system") for d in chats)
     assert any(d.startswith("<|im_start|>user") for d in chats)
     assert any('{"' in d.split("<|im_start|>assistant")[-1] for d in chats)
-    assert (
-        sum(d.count("<|im_start|>user") >= 2 for d in chats) > 100
-    )  # earlier exchanges, tool-like output turns
-    for d in (
-        chats
-    ):  # what the assistant writes after "print(" was said by the user first, in some notation
+    # earlier exchanges, tool-like output turns
+    assert sum(d.count("<|im_start|>user") >= 2 for d in chats) > 100
+    # what the assistant writes after "print(" was said by the user first, in some notation
+    for d in chats:
         if "print(" in d and "pow(" not in d:
             numbers = (
                 d.split("print(")[1]
@@ -83,9 +80,8 @@ def test_packed_rows_are_full_and_made_of_whole_documents(tokenizer):
     while len(expected) < 48:
         text = document(rng).replace(CONTEXT, "").replace(END_CONTEXT, "")
         expected += tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-    assert (
-        rows[0].tolist() == expected[:48]
-    )  # whole documents in order, each ended by EOS, cut at the end
+    # whole documents in order, each ended by EOS, cut at the end
+    assert rows[0].tolist() == expected[:48]
 
 
 def test_what_cannot_be_predicted_is_context_never_a_target(tokenizer):

@@ -116,7 +116,6 @@ def test_trl_trains_with_the_sandbox_as_its_tool(tiny_dir, tmp_path):
             == pytest.approx(h["time_step_s"], rel=1e-6)
             or h["time_update_s"] == 0.0
         )
-    AutoModelForCausalLM.from_pretrained(
-        str(tmp_path / "trl")
-    )  # a Hugging Face directory the evaluator can load
+    # a Hugging Face directory the evaluator can load
+    AutoModelForCausalLM.from_pretrained(str(tmp_path / "trl"))
     assert saved_style(str(tmp_path / "trl")) == "compact"

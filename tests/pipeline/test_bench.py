@@ -52,9 +52,8 @@ def test_ablation_table_compares_the_end_windows_pooled_over_seeds():
     grpo = {0: [_step(1, 10, 0), _step(2, 10, 0)], 1: [_step(1, 10, 0), _step(2, 10, 1)]}
     rows, met = ablation_table({"roc": roc, "grpo": grpo}, window=1)
     assert met
-    assert rows[2].startswith(
-        "| roc | 0.000 | 0.000, 0.000 | 0.000 | 0.250 |"
-    )  # whole stage: 10 in 40
+    # whole stage: 10 in 40
+    assert rows[2].startswith("| roc | 0.000 | 0.000, 0.000 | 0.000 | 0.250 |")
     assert rows[3].startswith("| grpo | 0.050 | 0.000, 0.100 | 0.000 | 0.025 |")
     _, met_whole_stage = ablation_table({"roc": roc, "grpo": grpo}, window=2)
     assert not met_whole_stage  # over both steps RoC had more (10 in 40 against 1 in 40)

@@ -13,11 +13,8 @@ TINY = "configs/tiny.yaml"
 def test_tiny_recipe_loads_with_the_trainers_dataclasses():
     recipe = load_recipe(TINY)
     assert [s.name for s in recipe.rl] == ["rl1", "rl2", "rl3"]
-    assert [s.max_response_tokens for s in recipe.rl] == [
-        256,
-        384,
-        384,
-    ]  # the paper's 8K/12K/12K, scaled
+    # the paper's 8K/12K/12K, scaled
+    assert [s.max_response_tokens for s in recipe.rl] == [256, 384, 384]
     assert recipe.rl[2].reset_optimizer and not recipe.rl[0].reset_optimizer
     assert recipe.mine.after == "rl2"
 

@@ -36,9 +36,8 @@ def test_a_second_run_on_a_local_root_fails_at_once_naming_the_first(tmp_path):
 def test_a_killed_holder_leaves_the_local_root_free(tmp_path):
     root = str(tmp_path / "root")
     code = (
-        "import sys, time; from rstar.storage.lock import hold_root\n"
-        f"with hold_root({root!r}, 'doomed', flow_run_id='f-1'):\n    print('held', flush=True); "
-        "time.sleep(60)"
+        f"import sys, time; from rstar.storage.lock import hold_root\nwith hold_root({root!r}, "
+        "'doomed', flow_run_id='f-1'):\n    print('held', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -150,9 +149,8 @@ def test_a_bad_input_file_is_one_line_and_debug_shows_the_traceback(tmp_path):
     assert plain.returncode == 1 and "Traceback" not in plain.stderr
     assert plain.stderr.strip().splitlines() == [
         f"error: {path}: no column 'problem' or 'answer' for the problem and answer (its columns: "
-        "question, solution); "
-        f"map yours as '{path}:problem=<column>,answer=<column>' or name a preset (generic, dapo, "
-        f"openmathreasoning, project_euler, aops) as '{path}:<preset>'"
+        f"question, solution); map yours as '{path}:problem=<column>,answer=<column>' or name a "
+        f"preset (generic, dapo, openmathreasoning, project_euler, aops) as '{path}:<preset>'"
     ]
     debug = subprocess.run(
         cmd[:3] + ["--debug"] + cmd[3:], capture_output=True, text=True, timeout=120
@@ -229,9 +227,8 @@ def test_runs_left_running_by_a_killed_pipeline_are_marked_failed_by_the_next(tm
     root, other = str(tmp_path / "root"), str(tmp_path / "other")
     parent = ml.start_run(uri, "exp", "pipeline:tiny", tags={ml.ROOT: root})  # killed: never ended
     stage = ml.start_run(uri, "exp", "rl1", parent=parent)
-    elsewhere = ml.start_run(
-        uri, "exp", "pipeline:tiny", tags={ml.ROOT: other}
-    )  # another root's: not ours
+    # another root's: not ours
+    elsewhere = ml.start_run(uri, "exp", "pipeline:tiny", tags={ml.ROOT: other})
     assert sorted(ml.fail_stale_runs(uri, "exp", root)) == sorted([parent, stage])
     c = ml.client(uri)
     assert [c.get_run(r).info.status for r in (parent, stage, elsewhere)] == [
@@ -247,8 +244,8 @@ def test_concurrent_first_uses_of_a_fresh_sqlite_store_do_not_corrupt_it(tmp_pat
     """Two runs' first start_run on a fresh store died in MLflow's migration 3 times in 3."""
     uri = f"sqlite:///{tmp_path}/fresh.db"
     code = (
-        "import sys\nfrom rstar.tracking import mlflow_log as ml\n"
-        f"print(ml.start_run({uri!r}, 'exp', sys.argv[1]))"
+        f"import sys\nfrom rstar.tracking import mlflow_log as ml\nprint(ml.start_run({uri!r}, "
+        "'exp', sys.argv[1]))"
     )
     procs = [
         subprocess.Popen(

@@ -16,11 +16,8 @@ def cluster(gpu_nodes: int, gpus: int = 8) -> list[dict]:
         {"Alive": True, "Resources": {"CPU": 96.0, "GPU": float(gpus), "memory": 1.6e12}}
         for _ in range(gpu_nodes)
     ]
-    return [
-        head,
-        *workers,
-        {"Alive": False, "Resources": {"CPU": 96.0, "GPU": 8.0}},
-    ]  # a dead node counts for nothing
+    # a dead node counts for nothing
+    return [head, *workers, {"Alive": False, "Resources": {"CPU": 96.0, "GPU": 8.0}}]
 
 
 def test_the_14b_recipe_on_a_cluster_one_node_short():

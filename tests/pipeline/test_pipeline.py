@@ -184,9 +184,8 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
         outs[s].model.version for s in ["base", "sft", "rl1", "rl2", "rl3"]
     ]
     rl3_data = {d["name"]: d["digest"] for d in lin.chain[-1].datasets}
-    assert (
-        rl3_data["rl_problems"] == outs["mine"].datasets["hard_problems"].digest
-    )  # stage 3 trained on the mined set
+    # stage 3 trained on the mined set
+    assert rl3_data["rl_problems"] == outs["mine"].datasets["hard_problems"].digest
     assert lin.chain[1].datasets[0]["name"] == "sft_chats"
     assert [e["run_id"] for e in lin.evaluations] == [outs["evaluate"].mlflow_run_id]
     (ev,) = lin.evaluations  # the pipeline's own, with its settings and held-out set
@@ -196,15 +195,10 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     _check_trajectories(recipe, outs)
     report = outs["evaluate"].report
     assert {"report.md", "report.html", "accuracy.png", "summary.json"} <= set(os.listdir(report))
-    assert list(outs["evaluate"].evaluation.summaries) == [
-        "sft",
-        "rl1",
-        "rl2",
-        "rl3",
-    ]  # SFT and each stage side by side
-    artifacts = _artifacts(
-        state.state_details.flow_run_id
-    )  # one markdown summary per stage in the UI
+    # SFT and each stage side by side
+    assert list(outs["evaluate"].evaluation.summaries) == ["sft", "rl1", "rl2", "rl3"]
+    # one markdown summary per stage in the UI
+    artifacts = _artifacts(state.state_details.flow_run_id)
     assert set(artifacts) == {artifact_key(recipe.name, s) for s in STAGES}
     assert outs["rl3"].model.version in artifacts[artifact_key(recipe.name, "rl3")]
     assert "| rl3 avg@1" in artifacts[artifact_key(recipe.name, "evaluate")]
@@ -468,12 +462,10 @@ def test_a_served_deployment_runs_when_triggered_like_the_ui_run_button(
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
     evals = lineage(recipe.tracking.tracking_uri, outs["rl1"].model.version).evaluations
-    assert (
-        len(evals) == 2
-    )  # the pipeline's evaluation and the re-evaluation, both attached to rl1's version
-    assert evals[0]["label"] == "eval" and evals[1]["label"].startswith(
-        "reeval-"
-    )  # oldest first, told apart
+    # the pipeline's evaluation and the re-evaluation, both attached to rl1's version
+    assert len(evals) == 2
+    # oldest first, told apart
+    assert evals[0]["label"] == "eval" and evals[1]["label"].startswith("reeval-")
     assert evals[0]["data"] == evals[1]["data"] and evals[0]["settings"] == evals[1]["settings"]
     # the same checkpoint, settings and data: the same figures
     assert evals[0]["metrics"] == evals[1]["metrics"]
@@ -493,15 +485,8 @@ def test_lineage_command_prints_the_chain(finished_local):
         for line in lines
         if line.strip() and not line.startswith("       ")
     ]
-    assert stages[:7] == [
-        "data",
-        "data",
-        "base",
-        "sft",
-        "rl1",
-        "rl2",
-        "rl3",
-    ]  # from the problems to the model
+    # from the problems to the model
+    assert stages[:7] == ["data", "data", "base", "sft", "rl1", "rl2", "rl3"]
     assert (
         "-> evaluation eval " in result.output
         and outs["mine"].datasets["hard_problems"].digest in result.output

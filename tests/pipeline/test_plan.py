@@ -133,14 +133,12 @@ def test_the_tiny_verl_plan_runs_verls_trainer_on_the_cpu_and_verl_accepts_it():
     assert [s["name"] for s in verl] == ["sft", "rl1", "rl2", "rl3"]
     sft_cfg = check_verl_sft(verl[0]["command"][3:])
     assert sft_cfg.trainer.device == "cpu" and sft_cfg.data.prompt_style == "compact"
-    assert (
-        sft_cfg.engine.mixed_precision.param_dtype == "fp32"
-    )  # FSDP's default, bfloat16, is slow on CPUs
+    # FSDP's default, bfloat16, is slow on CPUs
+    assert sft_cfg.engine.mixed_precision.param_dtype == "fp32"
     for s in verl[1:]:
         cfg = check_verl(s["command"][3:])
         assert cfg.trainer.device == "cpu" and cfg.actor_rollout_ref.rollout.name == "hf"
         assert cfg.actor_rollout_ref.actor.strategy == "fsdp2" and cfg.trainer.use_v1 is False
         assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
-        assert (
-            cfg.rstar.group_size == 4 and cfg.actor_rollout_ref.rollout.n == 8
-        )  # 2G sampled, G kept by RoC
+        # 2G sampled, G kept by RoC
+        assert cfg.rstar.group_size == 4 and cfg.actor_rollout_ref.rollout.n == 8

@@ -192,9 +192,8 @@ def _cannot_start():
 def test_workers_that_never_start_raise_a_clear_error(monkeypatch):
     import importlib
 
-    score_module = importlib.import_module(
-        "rstar.reward.score"
-    )  # rstar.reward.score is also a function
+    # rstar.reward.score is also a function
+    score_module = importlib.import_module("rstar.reward.score")
     monkeypatch.setattr(score_module, "_warm_up", _cannot_start)
     monkeypatch.setattr(score_module, "START_TIMEOUT_S", 3)
     with BatchScorer(workers=1) as scorer:

@@ -46,9 +46,8 @@ async def test_batched_greedy_matches_unbatched(model, stagger):
     await engine.close()
     for p, n, g in zip(prompts, max_tokens, gens):
         assert g.token_ids == reference_greedy(model, p, n)
-        with (
-            torch.no_grad()
-        ):  # the same distributions, not only the same argmax (positions, padding)
+        # the same distributions, not only the same argmax (positions, padding)
+        with torch.no_grad():
             logits = model(torch.tensor([p + g.token_ids])).logits[0, len(p) - 1 : -1]
         expected = (
             torch.log_softmax(logits, -1).gather(-1, torch.tensor(g.token_ids)[:, None]).squeeze(-1)

@@ -82,9 +82,8 @@ def test_rollout_over_two_ray_replicas_behind_the_balanced_scheduler(tiny_dir, t
     assert r.exit_code == 0, r.output
     assert len(read_table(out, "trajectories")) == 12
     served = json.loads(r.output.split("requests served per replica: ")[1].split("\n")[0])
-    assert (
-        len(served) == 2 and all(n > 0 for n in served) and sum(served) >= 12
-    )  # both replicas worked
+    # both replicas worked
+    assert len(served) == 2 and all(n > 0 for n in served) and sum(served) >= 12
 
 
 def test_rollout_refuses_unknown_engine_and_scheduler(tiny_dir, tmp_path):

@@ -39,29 +39,19 @@ class FakeReplica:
 def test_plan_dispatch():
     up = [True] * 3
     assert plan_dispatch([10, 50, 30], up, [], [20]) == ([], [1])  # a new rollout: the most free KV
-    assert plan_dispatch([10, 50, 30], [True, False, True], [], [20]) == (
-        [],
-        [2],
-    )  # never a dead replica
+    # never a dead replica
+    assert plan_dispatch([10, 50, 30], [True, False, True], [], [20]) == ([], [2])
     assert plan_dispatch([10, 50, 30], up, [(20, 2)], []) == ([2], [])  # a later turn goes home...
-    assert plan_dispatch([10, 50, 30], up, [(20, 0)], []) == (
-        [1],
-        [],
-    )  # ...or, home full, moves to room
-    assert plan_dispatch([10, 50, 30], [True, False, True], [(20, 1)], []) == (
-        [2],
-        [],
-    )  # home dead: moves
+    # ...or, home full, moves to room
+    assert plan_dispatch([10, 50, 30], up, [(20, 0)], []) == ([1], [])
+    # home dead: moves
+    assert plan_dispatch([10, 50, 30], [True, False, True], [(20, 1)], []) == ([2], [])
     # a full home is held: nothing else takes its room, not a new rollout, not a moving request
     assert plan_dispatch([10, 25, 5], up, [(20, 0), (30, 1)], [20]) == ([None, None], [])
-    assert plan_dispatch([30, 10], [True, True], [(20, 1)], [20]) == (
-        [0],
-        [],
-    )  # moves go before new rollouts
-    assert plan_dispatch([30, 40], [True, True], [], [50, 10]) == (
-        [],
-        [],
-    )  # first come, first served
+    # moves go before new rollouts
+    assert plan_dispatch([30, 10], [True, True], [(20, 1)], [20]) == ([0], [])
+    # first come, first served
+    assert plan_dispatch([30, 40], [True, True], [], [50, 10]) == ([], [])
     free = [60, 40]
     assert plan_dispatch(free, [True, True], [], [50, 10, 10]) == ([], [0, 1, 1])
     assert free == [10, 20]  # placements are taken off the free KV
@@ -146,16 +136,13 @@ async def test_chunked_generation_continues_a_turn_within_small_reservations():
             and g.stop_reason == "stop"
             and len(g.entropies) == 90
         )
-    assert (
-        rep.peak <= 120 and rep.requests == 4 * 6
-    )  # 90 tokens in chunks of 16; never over-committed
+    # 90 tokens in chunks of 16; never over-committed
+    assert rep.peak <= 120 and rep.requests == 4 * 6
     short = await sched.generate("s/1", list(range(10)), {"max_tokens": 40})
-    assert (
-        short.token_ids == list(range(10, 50)) and short.stop_reason == "length"
-    )  # the budget still binds
-    with pytest.raises(
-        ValueError, match="needs 510 KV tokens"
-    ):  # unchunked, the whole budget is reserved
+    # the budget still binds
+    assert short.token_ids == list(range(10, 50)) and short.stop_reason == "length"
+    # unchunked, the whole budget is reserved
+    with pytest.raises(ValueError, match="needs 510 KV tokens"):
         await BalancedScheduler([rep], 120).generate("u/1", list(range(10)), {"max_tokens": 500})
 
 
@@ -204,8 +191,7 @@ def test_simulation_invariants(seed, replicas, capacity, tight):
     assert balanced.evictions == 0 and balanced.max_kv_use <= 1.0
     # where the caches fill, later turns move off full replicas and recompute their context
     assert (balanced.moved > 0 and balanced.recomputed_tokens > 0) == tight
-    assert (
-        static.makespan_s >= bound * 0.999 and balanced.makespan_s >= bound * 0.999
-    )  # a valid bound
+    # a valid bound
+    assert static.makespan_s >= bound * 0.999 and balanced.makespan_s >= bound * 0.999
     assert 0 <= balanced.idle_fraction < 1 and 0 <= static.idle_fraction < 1
     assert simulate(work, model, replicas, "balanced", gen_chunk=256) == balanced  # deterministic

@@ -17,9 +17,8 @@ def test_new_rollouts_go_where_most_kv_is_free_and_later_turns_go_home():
     assert first != second
     router.release_server(first, request_id="r1")  # r1 waits on its tool call, holding nothing
     assert router.get_status()["kv_reserved"] == {first: 0, second: 200}
-    assert (
-        acquire(router, "r1", 350, 300) == first
-    )  # its next turn: back where its prefix is cached
+    # its next turn: back where its prefix is cached
+    assert acquire(router, "r1", 350, 300) == first
     assert router.get_total_inflight() == 2
 
 
@@ -30,9 +29,8 @@ def test_a_full_home_sends_the_turn_to_a_replica_with_room_and_nothing_is_lost()
     assert other != home
     assert acquire(router, "fill", 400, 400) == home  # home: 200 + 800 = 1000, full
     router.release_server(home, request_id="r1")  # home: 800 reserved, 200 free
-    assert (
-        acquire(router, "r1", 250, 100) == other
-    )  # 350 does not fit at home: recomputed where it fits
+    # 350 does not fit at home: recomputed where it fits
+    assert acquire(router, "r1", 250, 100) == other
     # nothing fits anywhere: the request still gets a server (verl cannot wait), counted
     acquire(router, "huge", 900, 900)
     assert router.get_status()["overcommitted"] == 1

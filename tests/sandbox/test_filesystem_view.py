@@ -36,12 +36,10 @@ async def test_a_call_reads_no_host_or_project_file(sandbox, tmp_path):
             r.value,
         )
     r = await sandbox.run(f"sorted(__import__('os').listdir({PROJECT!r}))")
-    assert set(eval(r.value)) <= {"rstar", ".venv"}, (
-        r.value
-    )  # the executor's own code (and a venv), no data
-    r = await sandbox.run(
-        "import json, fractions, math; math.comb(50, 25)"
-    )  # what calls need still works
+    # the executor's own code (and a venv), no data
+    assert set(eval(r.value)) <= {"rstar", ".venv"}, r.value
+    # what calls need still works
+    r = await sandbox.run("import json, fractions, math; math.comb(50, 25)")
     assert r.value == "126410606437752"
 
 
@@ -51,9 +49,8 @@ def test_the_sandbox_starts_from_a_venv_under_a_private_directory(tmp_path):
     private = tmp_path / "home"
     private.mkdir(mode=0o700)
     venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
-    (private / "venv").symlink_to(
-        venv
-    )  # the same environment, reached through the private directory
+    # the same environment, reached through the private directory
+    (private / "venv").symlink_to(venv)
     python = str(private / "venv" / "bin" / os.path.basename(sys.executable))
     code = (
         "import asyncio\nfrom rstar.sandbox.service import embedded_sandbox\nasync def main():\n   "

@@ -32,8 +32,8 @@ async def test_stdin_is_a_real_file(sandbox):
 
 async def test_error_has_trimmed_traceback(sandbox):
     code = (
-        "from fractions import Fraction\ndef parse(s):\n    return Fraction(s)\n"
-        "parse('not a number')"
+        "from fractions import Fraction\ndef parse(s):\n    return Fraction(s)\nparse('not a "
+        "number')"
     )
     r = await sandbox.run(code)
     assert r.status is Status.ERROR and r.exit_code == 1
@@ -47,9 +47,8 @@ async def test_deep_library_traceback_is_cut(sandbox):
     r = await sandbox.run("import json\njson.loads('{bad json')")
     assert r.status is Status.ERROR
     assert "library frames omitted" in r.stderr
-    assert (
-        r.stderr.count('File "') == 1 + 2
-    )  # the snippet's frame and the two innermost library frames
+    # the snippet's frame and the two innermost library frames
+    assert r.stderr.count('File "') == 1 + 2
 
 
 async def test_syntax_error_needs_no_process(sandbox):
@@ -136,9 +135,8 @@ def test_result_round_trip_and_tool_text():
         reason="wall-clock limit of 1s exceeded",
         extra={"node": "local"},
     )
-    assert decode_results(encode_json({"results": [r]})).results == [
-        r
-    ]  # the wire format round-trips
+    # the wire format round-trips
+    assert decode_results(encode_json({"results": [r]})).results == [r]
     with pytest.raises(msgspec.ValidationError, match="results"):
         decode_results(b'{"results": [{"status": "fine"}]}')
     assert r.tool_text() == "partial\nTimeout: wall-clock limit of 1s exceeded"
@@ -151,8 +149,7 @@ async def test_warnings_from_compiling_model_code_do_not_reach_the_services_log(
     async with SandboxService(
         small_config(uid_base=305_000)
     ) as sb:  # its executors write to this test's stderr
-        r = await sb.run(
-            "x = 300\nx is 300"
-        )  # '"is" with a literal': a SyntaxWarning at compile time
+        # '"is" with a literal': a SyntaxWarning at compile time
+        r = await sb.run("x = 300\nx is 300")
     assert r.ok and r.value in ("True", "False")
     assert "SyntaxWarning" not in capfd.readouterr().err

@@ -160,12 +160,8 @@ def test_mini_batches_take_whole_groups_in_order():
     ids = ["a", "a", "b", "b", "b", "c", "d", "d"]
     assert _mini_batches(ids, 1) == [list(range(8))]
     assert _mini_batches(ids, 2) == [[0, 1, 2, 3, 4], [5, 6, 7]]
-    assert _mini_batches(ids, 8) == [
-        [0, 1],
-        [2, 3, 4],
-        [5],
-        [6, 7],
-    ]  # never more batches than groups
+    # never more batches than groups
+    assert _mini_batches(ids, 8) == [[0, 1], [2, 3, 4], [5], [6, 7]]
 
 
 async def test_mini_batches_take_several_optimizer_steps_per_rollout_batch(
@@ -212,9 +208,8 @@ def test_tool_errors_in_correct_trajectories_sampled_and_kept():
     assert m["tool_error_rate_positive_kept"] == 0.0  # the kept correct one had none
     assert (m["tool_errors_positive"], m["tool_calls_positive"]) == (1, 4)
     assert m["tool_error_rate"] == 5 / 8 and m["kept"] == 2
-    assert (
-        m["sandbox_failure_rate"] == 3 / 8
-    )  # calls the sandbox never ran, apart from the model's errors
+    # calls the sandbox never ran, apart from the model's errors
+    assert m["sandbox_failure_rate"] == 3 / 8
 
 
 def test_with_one_mini_batch_the_sampling_policys_log_probs_are_the_updated_ones(tiny_dir):

@@ -12,9 +12,8 @@ from rstar.train.sft import encode_example, train_sft
 
 
 def test_mask_covers_exactly_the_assistant_turns(tokenizer):
-    messages = json.loads(
-        sft.generate(8, seed=4)[5]["messages"]
-    )  # error recovery: two calls, two tool turns
+    # error recovery: two calls, two tool turns
+    messages = json.loads(sft.generate(8, seed=4)[5]["messages"])
     ids, mask = encode_example(tokenizer, messages, 4096)
     trained = tokenizer.decode([t for t, m in zip(ids, mask) if m])
     assistant = [m for m in messages if m["role"] == "assistant"]
@@ -47,12 +46,10 @@ def test_short_sft_run_learns_and_saves(tiny_dir, tokenizer, tmp_path):
         SFTConfig(epochs=4, lr=3e-3, batch_size=16, micro_batch_size=8, warmup_ratio=0.25),
         out_dir=out,
     )
-    assert (
-        len(history) == 12 and history[0]["lr"] < history[2]["lr"] > history[-1]["lr"]
-    )  # warm-up, then cosine
-    assert (
-        history[-1]["loss"] < 0.75 * history[0]["loss"]
-    )  # 12 small steps: a clear drop, not noise
+    # warm-up, then cosine
+    assert len(history) == 12 and history[0]["lr"] < history[2]["lr"] > history[-1]["lr"]
+    # 12 small steps: a clear drop, not noise
+    assert history[-1]["loss"] < 0.75 * history[0]["loss"]
     assert all(h["grad_norm"] > 0 for h in history)
     reloaded = AutoTokenizer.from_pretrained(out)
     assert reloaded.chat_template == tokenizer.chat_template

@@ -185,9 +185,8 @@ def test_roc_in_verls_step_then_verls_own_grpo_advantages():
         assert abs(first.sum().item()) < 1e-5 and first.abs().max() > 0.5  # centred, not all zero
         positive = out.batch["rm_scores"][rows].sum(-1) > 0
         assert (first[positive] > 0).all() and (first[~positive] < 0).all()
-        assert torch.equal(
-            (adv[rows] != 0).long(), out.batch["response_mask"][rows]
-        )  # masked past each response
+        # masked past each response
+        assert torch.equal((adv[rows] != 0).long(), out.batch["response_mask"][rows])
 
 
 def test_ppo_mini_batches_count_the_kept_group_not_the_sampled_one():
@@ -256,9 +255,8 @@ def test_a_fresh_verl_stage_takes_the_previous_stages_optimizer_state_unless_it_
     trainer.actor_rollout_wg = SimpleNamespace(
         load_checkpoint=lambda path, del_local_after_load: loaded.append(path)
     )
-    assert trainer._load_checkpoint() == 0 and loaded == [
-        previous
-    ]  # no checkpoint of its own: a fresh start
+    # no checkpoint of its own: a fresh start
+    assert trainer._load_checkpoint() == 0 and loaded == [previous]
 
 
 def test_a_verl_stage_with_an_unreachable_sandbox_fails_before_verl_starts(tmp_path, monkeypatch):

@@ -109,18 +109,15 @@ def two_verl_steps(model: str, tmp_path, device: str, extra: list[str] = ()) -> 
     assert run.returncode == 0, log[-6000:]
     steps = metrics_by_step(log)
     assert sorted(steps) == [1, 2], log[-3000:]
-    assert (
-        "[rstar] KV-balanced load balancer over 1 replica(s)" in log
-    )  # verl routed through the project's balancer
+    # verl routed through the project's balancer
+    assert "[rstar] KV-balanced load balancer over 1 replica(s)" in log
     for m in steps.values():  # RoC inside verl's step: 2G sampled per prompt, G kept
         print({k: v for k, v in m.items() if k.startswith("roc/")}, flush=True)
         assert m["roc/sampled"] == PROMPTS * 2 * G and m["roc/kept"] == PROMPTS * G
-        assert (
-            "actor/pg_loss" in m and "timing_s/update_actor" in m
-        )  # verl's own update ran on what was kept
-    assert (
-        max(m["roc/accuracy_sampled"] for m in steps.values()) > 0
-    )  # real reward: some rollouts solved it
+        # verl's own update ran on what was kept
+        assert "actor/pg_loss" in m and "timing_s/update_actor" in m
+    # real reward: some rollouts solved it
+    assert max(m["roc/accuracy_sampled"] for m in steps.values()) > 0
     actor = os.path.join(work, f"global_step_{STEPS}", "actor")
     assert os.path.exists(os.path.join(work, "latest_checkpointed_iteration.txt"))
     moved, _ = merged_changes(actor, model, str(tmp_path / "hf"), env)

@@ -42,9 +42,8 @@ def test_chats_are_tokenized_as_the_local_sft_does(tmp_path):
         assert item["position_ids"].tolist() == list(range(len(ids)))
         taught = tok.decode([t for t, m in zip(ids, mask) if m])
         assert "<tool_call>" in taught or "<answer>" in taught
-        assert (
-            "<tool_response>" not in taught and "<|im_start|>user" not in taught
-        )  # never the tool's or the user's
+        # never the tool's or the user's
+        assert "<tool_response>" not in taught and "<|im_start|>user" not in taught
 
     with pytest.raises(ValueError, match="no chat has an assistant token within max_length 8"):
         SFTChats([path], tok, OmegaConf.create({"max_length": 8, "prompt_style": "compact"}))
