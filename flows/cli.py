@@ -16,7 +16,7 @@ import typer
 
 from rstar.cli import app
 from rstar.cli import main as run_app
-from rstar.cli.options import overrides
+from rstar.cli.common import overrides
 
 pipeline_app = typer.Typer(
     help="The training pipeline as Prefect flows (see flows/).", no_args_is_help=True

@@ -7,22 +7,13 @@ import os
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rstar.cli.common import progress_bar
 
 app = typer.Typer(
     help="Problem data: synthetic sets, curation, hard-sample mining.", no_args_is_help=True
 )
 console = Console()
-
-
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
 
 
 @app.command()
@@ -37,7 +28,7 @@ def synth(
     from rstar.data.io import write_table
     from rstar.data.synth import FAMILIES, generate
 
-    with _progress() as bar:
+    with progress_bar(console) as bar:
         task = bar.add_task("generating", total=n)
         rows = generate(
             n,
@@ -110,7 +101,7 @@ def curate(
             r["problem"] for _, r in read_rows(path) if isinstance(r, dict) and "problem" in r
         ]
     stem = os.path.splitext(out)[0]
-    with _progress() as bar:
+    with progress_bar(console) as bar:
         task = bar.add_task("curating", total=None)
         report = run(
             [SourceSpec.parse(s) for s in source],

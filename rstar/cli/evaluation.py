@@ -7,7 +7,8 @@ import os
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rstar.cli.common import progress_bar
 
 
 def eval_command(
@@ -67,13 +68,7 @@ def eval_command(
     summaries = {}
     for spec in model:
         name, _, path = spec.partition("=")
-        with Progress(
-            TextColumn(f"eval {name}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as bar:
+        with progress_bar(console, f"eval {name}") as bar:
             task = bar.add_task("", total=len(problems) * k)
             style = prompt_style or saved_style(path) or "paper"
             records, summaries[name] = evaluate_model(

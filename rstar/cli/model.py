@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rstar.cli.options import overrides
+from rstar.cli.common import overrides
 
 app = typer.Typer(help="The embedded default's base model.", no_args_is_help=True)
 

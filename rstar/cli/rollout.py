@@ -8,7 +8,8 @@ import time
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rstar.cli.common import progress_bar
 
 
 def rollout_command(
@@ -71,13 +72,7 @@ def rollout_command(
             replica_cpus=1,
             sandbox_url=sandbox or None,
         ) as loop:
-            with Progress(
-                TextColumn("rollouts"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=console,
-            ) as bar:
+            with progress_bar(console, "rollouts") as bar:
                 task = bar.add_task("", total=len(rows) * k)
                 records = await rollout(loop, rows, k, progress=lambda n: bar.advance(task, n))
             if actors:
