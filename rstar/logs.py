@@ -21,9 +21,6 @@ class _Stderr(logging.StreamHandler):
     """Writes to whatever `sys.stderr` is when a record comes: above rich's progress bars while
     they redirect it, into a test's capture."""
 
-    def __init__(self) -> None:
-        super().__init__()
-
     @property
     def stream(self):
         return sys.stderr

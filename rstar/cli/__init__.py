@@ -17,8 +17,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-# set by the callback, read by main() and the commands
-_options = {"debug": False, "log_level": "INFO"}
+_debug = {"on": False}  # `rstar --debug`, set by the callback, read by main() when a command fails
 
 
 @app.callback()
@@ -36,7 +35,7 @@ def _global_options(
 ) -> None:
     from rstar.logs import configure
 
-    _options.update(debug=debug, log_level=log_level.upper())
+    _debug["on"] = debug
     configure(log_level)
 
 
@@ -67,7 +66,7 @@ def main(command: typer.Typer = app) -> None:
     try:
         command()
     except NotRetryable as e:
-        if _options["debug"] or os.environ.get("RSTAR_DEBUG"):
+        if _debug["on"] or os.environ.get("RSTAR_DEBUG"):
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

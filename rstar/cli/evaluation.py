@@ -38,8 +38,9 @@ def eval_command(
     from rstar.agent.format import saved_style
     from rstar.data.io import read_table, write_json, write_table
     from rstar.eval.benchmarks import load_benchmark
+    from rstar.eval.config import EvalConfig
     from rstar.eval.report import write_report
-    from rstar.eval.run import EvalConfig, evaluate_model, markdown_table
+    from rstar.eval.run import evaluate_model, markdown_table
 
     console = Console()
     for (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 
@@ -40,3 +41,21 @@ def majority_vote(
     best = max(counted.values())
     first = next(a for a in answers if a is not None and a.strip() and counted[_key(a)] == best)
     return verify(first, label)
+
+
+def overall_accuracy(summary: dict) -> float:
+    """avg pass@1 over every benchmark of one checkpoint's evaluation, each question weighing the
+    same."""
+    n = sum(m["questions"] for m in summary.values())
+    return sum(m["avg_pass@1"] * m["questions"] for m in summary.values()) / n
+
+
+def overall_interval(summary: dict) -> tuple[float, float]:
+    """A 95% interval for `overall_accuracy` (normal, from the benchmarks' standard errors over
+    questions)."""
+    n = sum(m["questions"] for m in summary.values())
+    se = math.sqrt(
+        sum((m["questions"] / n) ** 2 * m.get("avg_pass@1_se", 0.0) ** 2 for m in summary.values())
+    )
+    mean = overall_accuracy(summary)
+    return max(0.0, mean - 1.96 * se), min(1.0, mean + 1.96 * se)

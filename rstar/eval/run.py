@@ -9,24 +9,20 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from rstar.agent.loop import AgentLoop
 from rstar.eval.benchmarks import chosen_option, extract_letter, shuffled_choice_prompt
-from rstar.eval.metrics import avg_pass_at_1, majority_vote, pass_at_k
+from rstar.eval.config import EvalConfig
+from rstar.eval.metrics import (
+    avg_pass_at_1,
+    majority_vote,
+    overall_accuracy,
+    overall_interval,
+    pass_at_k,
+)
 from rstar.reward import verify
 from rstar.rollout.runner import rollout, tool_error_rate
-
-
-@dataclass
-class EvalConfig:
-    # a recipe (rstar.pipeline.config) may not add unknown keys
-    __pydantic_config__ = {"extra": "forbid"}
-    k: int = 16
-    temperature: float = 0.6
-    max_response_tokens: int = 30_000
-    max_turns: int = 30
-    seed: int = 0
 
 
 def _benchmark(problem: dict) -> str:
@@ -170,24 +166,6 @@ def summarize_eval(records: list[dict], problems: dict[str, dict], k: int) -> di
             },
         }
     return out
-
-
-def overall_accuracy(summary: dict) -> float:
-    """avg pass@1 over every benchmark of one checkpoint's evaluation, each question weighing the
-    same."""
-    n = sum(m["questions"] for m in summary.values())
-    return sum(m["avg_pass@1"] * m["questions"] for m in summary.values()) / n
-
-
-def overall_interval(summary: dict) -> tuple[float, float]:
-    """A 95% interval for `overall_accuracy` (normal, from the benchmarks' standard errors over
-    questions)."""
-    n = sum(m["questions"] for m in summary.values())
-    se = math.sqrt(
-        sum((m["questions"] / n) ** 2 * m.get("avg_pass@1_se", 0.0) ** 2 for m in summary.values())
-    )
-    mean = overall_accuracy(summary)
-    return max(0.0, mean - 1.96 * se), min(1.0, mean + 1.96 * se)
 
 
 def markdown_table(summaries: dict[str, dict], k: int) -> str:

@@ -181,7 +181,8 @@ def run_peer_benchmark(
 
     from rstar.agent.loop import LoopConfig
     from rstar.data.io import read_table
-    from rstar.eval.run import evaluate_model, overall_accuracy
+    from rstar.eval.metrics import overall_accuracy
+    from rstar.eval.run import evaluate_model
     from rstar.pipeline.config import load_recipe
     from rstar.pipeline.layout import Layout
 

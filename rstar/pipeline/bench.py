@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import replace
 
 from rstar.benchreport import publish
-from rstar.eval.run import overall_accuracy
+from rstar.eval.metrics import overall_accuracy
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.records import StageOutput
 from rstar.storage import atomic_write_text

@@ -22,7 +22,7 @@ from rstar.data import sft as sft_data
 from rstar.data.curate import SourceSpec
 from rstar.data.sources import column_error
 from rstar.errors import NotRetryable
-from rstar.eval.run import EvalConfig
+from rstar.eval.config import EvalConfig
 from rstar.pipeline.records import StageInputs
 from rstar.pipeline.verdict import Expect
 from rstar.train.config import SFTConfig, StageConfig

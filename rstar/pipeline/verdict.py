@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rstar.eval.run import overall_accuracy
+from rstar.eval.metrics import overall_accuracy
 
 
 @dataclass

@@ -7,7 +7,8 @@ import pytest
 
 from rstar.data import synth
 from rstar.eval.benchmarks import load_benchmark
-from rstar.eval.run import EvalConfig, evaluate, summarize_eval
+from rstar.eval.config import EvalConfig
+from rstar.eval.run import evaluate, summarize_eval
 
 
 def test_summary_on_crafted_records():
@@ -184,7 +185,8 @@ def test_the_same_checkpoint_evaluated_twice_gives_the_same_figures(tiny_dir):
     checkpoint is evaluated under (the pipeline's `rl3`, a nightly re-evaluation's
     `rstar-tiny/5`)."""
     from rstar.data import synth
-    from rstar.eval.run import EvalConfig, evaluate_model
+    from rstar.eval.config import EvalConfig
+    from rstar.eval.run import evaluate_model
 
     problems = synth.generate(4, seed=5, levels=(1,), prefix="eval")
     cfg = EvalConfig(k=2, temperature=1.0, max_response_tokens=32, max_turns=2)

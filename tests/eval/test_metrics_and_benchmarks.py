@@ -129,7 +129,8 @@ def test_gpqa_shuffling_and_letters(tmp_path):
 
 
 def test_the_report_leads_with_one_overall_score_per_checkpoint_with_its_interval():
-    from rstar.eval.run import markdown_table, overall_accuracy, overall_interval
+    from rstar.eval.metrics import overall_accuracy, overall_interval
+    from rstar.eval.run import markdown_table
 
     summaries = {
         "sft": {

@@ -1,6 +1,6 @@
 """The recipe benchmark's arithmetic and its ablation plot."""
 
-from rstar.eval.run import overall_accuracy
+from rstar.eval.metrics import overall_accuracy
 from rstar.pipeline.bench import (
     ablation_table,
     end_window,

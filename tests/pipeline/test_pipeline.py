@@ -12,7 +12,7 @@ import pytest
 
 from rstar.data.io import read_table
 from rstar.data.schema import schema
-from rstar.eval.run import overall_accuracy
+from rstar.eval.metrics import overall_accuracy
 from rstar.pipeline.bench import pipeline_report
 from rstar.pipeline.config import load_recipe
 from rstar.storage import filesystem

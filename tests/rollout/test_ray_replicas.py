@@ -42,7 +42,8 @@ def test_evaluation_through_engine_replicas_behind_the_balanced_scheduler(local_
     """The cluster path of mining and evaluation (stages.serving), on the CPU: the model served
     by HF engine replicas as Ray actors, never loaded in the calling process."""
     from rstar.data import synth
-    from rstar.eval.run import EvalConfig, evaluate_model
+    from rstar.eval.config import EvalConfig
+    from rstar.eval.run import evaluate_model
 
     problems = synth.generate(3, seed=2, levels=(1,))
     records, summary = evaluate_model(

@@ -1,0 +1,17 @@
+"""The evaluation protocol's settings, the schema of a recipe's `eval` section
+(rstar.pipeline.config). Apart from the protocol so that reading a recipe loads none of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EvalConfig:
+    # a recipe (rstar.pipeline.config) may not add unknown keys
+    __pydantic_config__ = {"extra": "forbid"}
+    k: int = 16
+    temperature: float = 0.6
+    max_response_tokens: int = 30_000
+    max_turns: int = 30
+    seed: int = 0
