@@ -172,19 +172,8 @@ def test_data_commands(tmp_path):
     runner.invoke(
         app, ["data", "synth", "--out", evals, "--n", "5", "--seed", "1", "--levels", "1"]
     )
-    r = runner.invoke(
-        app,
-        [
-            "data",
-            "curate",
-            "--source",
-            probs,
-            "--eval-set",
-            evals,
-            "--out",
-            str(tmp_path / "c.parquet"),
-        ],
-    )
+    command = f"data curate --source {probs} --eval-set {evals} --out {tmp_path / 'c.parquet'}"
+    r = runner.invoke(app, command.split())
     assert r.exit_code == 0, r.output
     report = json.loads((tmp_path / "c.report.json").read_text())
     assert report["kept"] + sum(report["dropped"].values()) == 60

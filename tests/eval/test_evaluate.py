@@ -117,26 +117,11 @@ def test_eval_command_compares_checkpoints(tiny_dir, tmp_path):
     trained = str(tmp_path / "rl1")
     shutil.copytree(tiny_dir, trained)
     save_style(trained, "compact")
-    r = CliRunner().invoke(
-        app,
-        [
-            "eval",
-            "--model",
-            f"sft={tiny_dir}",
-            "--model",
-            f"rl1={trained}",
-            "--bench",
-            f"problems={held_out}",
-            "--out",
-            str(out),
-            "--k",
-            "2",
-            "--max-response-tokens",
-            "16",
-            "--max-turns",
-            "1",
-        ],
+    command = (
+        f"eval --model sft={tiny_dir} --model rl1={trained} --bench problems={held_out} "
+        f"--out {out} --k 2 --max-response-tokens 16 --max-turns 1"
     )
+    r = CliRunner().invoke(app, command.split())
     assert r.exit_code == 0, r.output
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary) == {"sft", "rl1"}
@@ -164,18 +149,8 @@ def test_eval_names_a_missing_model_before_loading_anything(tmp_path):
 
     from rstar.cli import app
 
-    result = CliRunner().invoke(
-        app,
-        [
-            "eval",
-            "--model",
-            f"x={tmp_path}/nowhere",
-            "--bench",
-            "aime24",
-            "--out",
-            str(tmp_path / "out"),
-        ],
-    )
+    command = f"eval --model x={tmp_path}/nowhere --bench aime24 --out {tmp_path / 'out'}"
+    result = CliRunner().invoke(app, command.split())
     text = " ".join(result.output.replace("│", " ").split())  # rich wraps the message in a box
     assert result.exit_code == 2 and "is not a model directory" in text and "Traceback" not in text
 

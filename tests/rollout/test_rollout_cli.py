@@ -12,27 +12,18 @@ from rstar.data.io import read_table, write_table
 from rstar.data.schema import schema
 
 
+def invoke(command: str):
+    """`rstar <command>` through typer's test runner (no word of it has a space)."""
+    return CliRunner().invoke(app, command.split())
+
+
 def test_rollout_command_writes_readable_trajectories(tiny_dir, tmp_path):
     problems = str(tmp_path / "p.parquet")
     write_table(synth.generate(3, seed=5, levels=(1,)), problems, "problems")
     out = str(tmp_path / "traj.parquet")
-    r = CliRunner().invoke(
-        app,
-        [
-            "rollout",
-            "--model",
-            tiny_dir,
-            "--problems",
-            problems,
-            "--out",
-            out,
-            "--k",
-            "2",
-            "--max-response-tokens",
-            "40",
-            "--max-turns",
-            "2",
-        ],
+    r = invoke(
+        f"rollout --model {tiny_dir} --problems {problems} --out {out} --k 2 "
+        "--max-response-tokens 40 --max-turns 2"
     )
     assert r.exit_code == 0, r.output
     table = read_table(out, "trajectories")
@@ -59,25 +50,9 @@ def test_rollout_over_two_ray_replicas_behind_the_balanced_scheduler(tiny_dir, t
     problems = str(tmp_path / "p.parquet")
     write_table(synth.generate(3, seed=5, levels=(1,)), problems, "problems")
     out = str(tmp_path / "traj.parquet")
-    r = CliRunner().invoke(
-        app,
-        [
-            "rollout",
-            "--model",
-            tiny_dir,
-            "--problems",
-            problems,
-            "--out",
-            out,
-            "--k",
-            "4",
-            "--max-response-tokens",
-            "24",
-            "--max-turns",
-            "2",
-            "--replicas",
-            "2",
-        ],
+    r = invoke(
+        f"rollout --model {tiny_dir} --problems {problems} --out {out} --k 4 "
+        "--max-response-tokens 24 --max-turns 2 --replicas 2"
     )
     assert r.exit_code == 0, r.output
     assert len(read_table(out, "trajectories")) == 12
@@ -88,19 +63,8 @@ def test_rollout_over_two_ray_replicas_behind_the_balanced_scheduler(tiny_dir, t
 
 def test_rollout_refuses_unknown_engine_and_scheduler(tiny_dir, tmp_path):
     for flag, value in (("--engine", "tgi"), ("--scheduler", "random"), ("--replicas", "0")):
-        r = CliRunner().invoke(
-            app,
-            [
-                "rollout",
-                "--model",
-                tiny_dir,
-                "--problems",
-                "p.parquet",
-                "--out",
-                "o.parquet",
-                flag,
-                value,
-            ],
+        r = invoke(
+            f"rollout --model {tiny_dir} --problems p.parquet --out o.parquet {flag} {value}"
         )
         assert r.exit_code != 0 and flag in r.output
 
@@ -110,22 +74,9 @@ def test_consistency_filter_through_the_rollout_engine(tiny_dir, tmp_path):
     untrained model agrees with no label, so every problem is rejected as inconsistent."""
     problems = str(tmp_path / "p.parquet")
     write_table(synth.generate(3, seed=6, levels=(1,)), problems, "problems")
-    r = CliRunner().invoke(
-        app,
-        [
-            "data",
-            "curate",
-            "--source",
-            problems,
-            "--out",
-            str(tmp_path / "c.parquet"),
-            "--consistency-model",
-            tiny_dir,
-            "--consistency-k",
-            "2",
-            "--consistency-max-tokens",
-            "24",
-        ],
+    r = invoke(
+        f"data curate --source {problems} --out {tmp_path / 'c.parquet'} --consistency-model "
+        f"{tiny_dir} --consistency-k 2 --consistency-max-tokens 24"
     )
     assert r.exit_code == 0, r.output
     rejects = read_table(str(tmp_path / "c.rejects.parquet"), "rejects").to_pylist()
