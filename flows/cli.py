@@ -1,11 +1,11 @@
 """The installed `rstar` command: the library's commands (rstar.cli) and the pipeline's, which
-run the Prefect flows of this package.
+run the Prefect flows of this package:
 
-    rstar pipeline run --config configs/tiny.yaml       # the whole recipe
-    rstar pipeline plan --config configs/qwen3-14b.yaml # each stage's engine, resources, verl
-    command rstar pipeline reevaluate --version rstar-tiny/5 # evaluate registered versions again
-    rstar serve # the deployments (UI Run button, nightly re-evaluation) rstar bench-recipe # the
-    recipe's figures -> docs/benchmarks.md
+    rstar pipeline run --config configs/tiny.yaml        # the whole recipe
+    rstar pipeline plan --config configs/qwen3-14b.yaml  # each stage's engine and verl command
+    rstar pipeline reevaluate --version rstar-tiny/5     # evaluate registered versions again
+    rstar serve                                          # the deployments: Run button, nightly
+    rstar bench-recipe                                   # the recipe's figures -> benchmarks
 """
 
 from __future__ import annotations

@@ -3,10 +3,12 @@ following and the <reason>/<answer>/\\boxed{} format, on tasks that are NOT the 
 (as in the paper, SFT teaches form, not math solutions).
 
 Messages use one neutral, OpenAI-like shape, rendered into the model's chat template later:
+
     {"role": "user", "content": "..."}
-    {"role": "assistant", "content": "<reason>...</reason>", "tool_calls": [{"name": ...,
-    "arguments": {...}}]} {"role": "tool", "content": "what the sandbox returned"} {"role":
-    "assistant", "content": "<reason>...</reason>\\n<answer>... \\\\boxed{...}</answer>"}
+    {"role": "assistant", "content": "<reason>...</reason>",
+     "tool_calls": [{"name": ..., "arguments": {...}}]}
+    {"role": "tool", "content": "what the sandbox returned"}
+    {"role": "assistant", "content": "<reason>...</reason>\\n<answer>... \\\\boxed{...}</answer>"}
 """
 
 from __future__ import annotations

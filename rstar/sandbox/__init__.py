@@ -2,8 +2,8 @@
 
 Public API::
 
-    from rstar.sandbox import SandboxService, SandboxClient, ExecRequest, ExecResult, Status,
-    SandboxConfig
+    from rstar.sandbox import SandboxClient, SandboxConfig, SandboxService
+    from rstar.sandbox import ExecRequest, ExecResult, Status
 
     async with SandboxService() as sb:              # executors on this machine, no HTTP
         r = await sb.run("import sympy; sympy.factorint(2**64 - 1)")
