@@ -17,12 +17,15 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import replace
 
+import rstar
 from rstar.benchreport import publish
 from rstar.eval.metrics import overall_accuracy
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.records import StageOutput
+from rstar.pipeline.robustness import native_capability
 from rstar.storage import atomic_write_text
 from rstar.tracking import mlflow_log as ml
 
@@ -199,6 +202,8 @@ def write_recipe_benchmark(
 ) -> str:
     """The section for one finished run of the recipe in `config` (`outs`: the pipeline's
     outputs, `wall`: how long the run that returned them took), with the ablation run here."""
+    from rstar.model.shipped import cpu_model
+
     recipe = load_recipe(config)
     seconds = _stage_seconds(recipe, outs)
     summaries = outs["evaluate"].evaluation.summaries
@@ -216,8 +221,9 @@ def write_recipe_benchmark(
     lines = [
         "## Tiny recipe (`rstar bench-recipe`)",
         "",
-        f"`{config}` on this machine ({os.cpu_count()} CPUs), measured by `rstar bench-recipe "
-        f"--config {config}`.",
+        f"`{config}` on {cpu_model()} ({os.cpu_count()} CPUs, torch's {native_capability()} "
+        f"kernels), code version {rstar.__version__}, {time.strftime('%Y-%m-%d')}, measured by "
+        f"`rstar bench-recipe --config {config}`.",
         "Stage times are those of the MLflow runs that computed each stage (a cached re-run costs "
         "seconds).",
         "",
