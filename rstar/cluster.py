@@ -4,6 +4,7 @@ to this machine (loopback only, a bounded object store), started on first use.""
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 
 def ensure_ray(cpus: float, object_store_mb: int = 256) -> None:
@@ -24,3 +25,18 @@ def ensure_ray(cpus: float, object_store_mb: int = 256) -> None:
         include_dashboard=False,
         log_to_driver=True,
     )
+
+
+@contextmanager
+def ray_session(cpus: float):
+    """Ray up for the body (`ensure_ray`); a local Ray this call started is shut down after it,
+    one that was already up (a caller's, the cluster's) is left as it was."""
+    import ray
+
+    ours = not ray.is_initialized()
+    ensure_ray(cpus)
+    try:
+        yield
+    finally:
+        if ours:
+            ray.shutdown()

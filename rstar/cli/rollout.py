@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -42,6 +43,7 @@ def rollout_command(
 ) -> None:
     """Sample rollouts through the agent loop and the local engine; print a summary."""
     from rstar.agent.loop import LoopConfig
+    from rstar.cluster import ray_session
     from rstar.data.io import read_table, write_table
     from rstar.rollout.open import open_agent_loop
     from rstar.rollout.runner import rollout, summarize
@@ -82,25 +84,8 @@ def rollout_command(
         return records
 
     start = time.monotonic()
-    records = _with_ray(actors, lambda: asyncio.run(main()))
+    with ray_session(actors) if actors else contextlib.nullcontext():
+        records = asyncio.run(main())
     write_table(records, out, "trajectories")
     console.print(json.dumps(summarize(records, time.monotonic() - start), indent=2))
     console.print(f"wrote {len(records)} trajectories to {out}")
-
-
-def _with_ray(replicas: int, work):
-    """Run `work()` with Ray up when there are replica actors to place, shutting down a local
-    Ray this command started."""
-    if not replicas:
-        return work()
-    import ray
-
-    from rstar.cluster import ensure_ray
-
-    ours = not ray.is_initialized()
-    ensure_ray(replicas)
-    try:
-        return work()
-    finally:
-        if ours:
-            ray.shutdown()

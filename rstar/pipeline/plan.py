@@ -14,6 +14,7 @@ import os
 import sys
 
 from rstar.errors import NotRetryable
+from rstar.pipeline import verl_stages
 from rstar.pipeline.config import Recipe
 from rstar.pipeline.layout import Layout
 from rstar.storage import dirs
@@ -80,7 +81,7 @@ def _verl_command(recipe: Recipe, layout: Layout, name: str, before: str) -> lis
         return None
     # named at run time by the recipe and inputs (rstar.pipeline.cache.work_dir)
     work = f"{layout.work_uri(name)}/RUN"
-    device, n_gpus = "gpu" if recipe.resources.gpus else "cpu", int(recipe.resources.gpus) or 1
+    device, n_gpus = verl_stages.device(recipe), verl_stages.gpus_per_node(recipe)
     if rl is None:
         cmd, check = (
             sft_command(

@@ -62,7 +62,6 @@ class StageOutput:
     model: ModelRef | None = None  # the stages that make a model
     datasets: dict[str, Stored] = field(default_factory=dict)  # problems: train, eval; mining: hard
     trajectories: str | None = None  # RL stages: every step's rollouts (Parquet)
-    steps: int | None = None  # RL stages: steps in the history
     report: str | None = None  # evaluation: the report's directory
     evaluation: Evaluation | None = None
     mlflow_run_id: str | None = None  # set by the stage's task

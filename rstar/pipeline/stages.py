@@ -296,7 +296,6 @@ def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) 
         stage,
         {**ends, **{k: last.get(k) for k in headline}},
         trajectories=layout.trajectories(stage),
-        steps=len(history),
     )
 
 

@@ -26,8 +26,14 @@ logger = logging.getLogger(__name__)
 VERL_CHECKPOINT = "verl_actor_checkpoint.txt"
 
 
-def _device(recipe: Recipe) -> str:
+def device(recipe: Recipe) -> str:
+    """Where verl runs a stage: on the recipe's GPUs, or with `resources.gpus: 0` on the CPU."""
     return "gpu" if recipe.resources.gpus else "cpu"
+
+
+def gpus_per_node(recipe: Recipe) -> int:
+    """verl's `n_gpus_per_node`: the recipe's GPUs, or on the CPU one training slot."""
+    return int(recipe.resources.gpus) or 1
 
 
 def sft(recipe: Recipe, inputs: StageInputs, log, cfg, data: str) -> str:
@@ -42,10 +48,10 @@ def sft(recipe: Recipe, inputs: StageInputs, log, cfg, data: str) -> str:
         model=dirs.pull(inputs.model.uri),
         train_files=data,
         out_dir=work,
-        n_gpus=int(recipe.resources.gpus) or 1,
+        n_gpus=gpus_per_node(recipe),
         nodes=recipe.resources.nodes,
         experiment=recipe.tracking.experiment,
-        device=_device(recipe),
+        device=device(recipe),
     )
     return _run(cmd, "sft", log, work, recipe, lambda: last_checkpoint(work))
 
@@ -77,12 +83,12 @@ def rl(recipe: Recipe, inputs: StageInputs, log, cfg, work: str) -> str:
             problems=inputs.problems.uri,
             sandbox_url=sandbox_url,
             out_dir=work,
-            n_gpus=int(recipe.resources.gpus) or 1,
+            n_gpus=gpus_per_node(recipe),
             nodes=recipe.resources.nodes,
             val_problems=held_out if fs.exists(path) else None,
             experiment=recipe.tracking.experiment,
             optimizer_from=optimizer_from,
-            device=_device(recipe),
+            device=device(recipe),
         )
         actor = os.path.join(work, f"global_step_{cfg.steps}", "actor")
         merged = _run(cmd, cfg.name, log, work, recipe, lambda: actor)
@@ -96,17 +102,17 @@ def _run(cmd: list[str], stage: str, log, work: str, recipe: Recipe, checkpoint)
     `checkpoint()` names into `work/hf` with verl's model merger; return that directory."""
     from rstar.train.verl_launcher import merge_command, verl_env
 
-    device = _device(recipe)
+    where = device(recipe)
     log.tag("rstar.verl_command", " ".join(cmd)[:5000])
     # verl's MLflow logger writes into this stage's run, beside the pipeline's own metrics
     run_id = getattr(log, "run_id", None)
     mlflow_env = (
         {"MLFLOW_TRACKING_URI": log.tracking_uri, "MLFLOW_RUN_ID": run_id} if run_id else {}
     )
-    logger.info("[%s] verl (%s): %s ...", stage, device, " ".join(cmd[:3]))
+    logger.info("[%s] verl (%s): %s ...", stage, where, " ".join(cmd[:3]))
     # on the CPU: torch threads per training process, which Ray would otherwise start with one
-    env = {**os.environ, **verl_env(device, int(recipe.resources.cpus)), **mlflow_env}
-    if device == "cpu":
+    env = {**os.environ, **verl_env(where, int(recipe.resources.cpus)), **mlflow_env}
+    if where == "cpu":
         # verl on the CPU starts a Ray of its own, with its training slots
         env.pop("RAY_ADDRESS", None)
     else:  # verl joins the Ray this stage runs on (the cluster), where its GPUs are

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rstar.benchreport import write_section
-from rstar.cluster import ensure_ray
+from rstar.cluster import ray_session
 from rstar.rollout.simulate import ReplicaModel, Workload, lower_bound, simulate
 
 GEN_CHUNK = (
@@ -113,7 +113,6 @@ def _real_run(model_dir: str, policy: str, rollouts: int, seed: int) -> float:
 def run_scheduler_benchmark(
     model_dir: str, out: str, rollouts_per_replica: int = 256, real_rollouts: int = 24
 ) -> list[dict]:
-    import ray
 
     console = Console()
     with console.status("calibrating the replica model on the local engine..."):
@@ -144,14 +143,8 @@ def run_scheduler_benchmark(
                     "bound": lower_bound(work, model, replicas),
                 }
             )
-    ensure_ray(2)
-    try:
-        with console.status("real run: 2 local Ray replicas, static then balanced..."):
-            real = {
-                p: _real_run(model_dir, p, real_rollouts, seed=1) for p in ("static", "balanced")
-            }
-    finally:
-        ray.shutdown()
+    with ray_session(2), console.status("real run: 2 local Ray replicas, static then balanced..."):
+        real = {p: _real_run(model_dir, p, real_rollouts, seed=1) for p in ("static", "balanced")}
 
     table = Table(title="rollout scheduling: static split vs KV-aware balanced")
     for col in (
