@@ -34,7 +34,10 @@ def pytest_unconfigure(config):
     """End the test process without interpreter finalisation. Prefect, fsspec and Ray's gRPC
     leave daemon threads running; tearing their native state down under them segfaulted once
     in CI after every test had passed (exit 139 instead of 0). By now every fixture is torn
-    down and pytest has reported, so nothing is left to flush but the streams."""
+    down and pytest has reported, so nothing is left to flush but the streams. Not when pytest
+    runs inside mutmut's process (`make mutate`), which goes on to the next mutant."""
+    if "mutmut" in sys.modules:
+        return
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(int(_session.exitstatus) if _session is not None else 0)
@@ -71,6 +74,53 @@ def tokenizer(tiny_dir):
 
 
 @pytest.fixture(scope="session")
+def tiny_sft(tmp_path_factory):
+    """The shipped tiny base after the tiny recipe's own SFT (1-2 minutes here): a model that
+    calls the tool and earns reward, so RL tests can see weights move (`product_problems`).
+    With RSTAR_TESTS_SFT_DIR set (`make mutate`, which runs the tests once per mutant) it is
+    kept there and reused."""
+    from dataclasses import replace
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rstar.data import sft as sft_data
+    from rstar.pipeline.config import load_recipe
+    from rstar.storage.dirs import replace_dir
+    from rstar.train.sft import train_sft
+
+    out = os.environ.get("RSTAR_TESTS_SFT_DIR") or str(tmp_path_factory.mktemp("tiny") / "sft")
+    if os.path.exists(os.path.join(out, "model.safetensors")):
+        return out
+    recipe = load_recipe("configs/tiny.yaml")
+    model = AutoModelForCausalLM.from_pretrained(recipe.base.shipped, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(recipe.base.shipped)
+    rows = sft_data.generate(recipe.sft.examples, seed=recipe.sft.seed, tasks=recipe.sft.tasks)
+    train_sft(model, tok, rows, replace(recipe.sft.train, prompt_style=recipe.prompt_style))
+
+    def save(tmp: str) -> None:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+    replace_dir(out, save)  # whole or not at all
+    return out
+
+
+def product_problems(n: int, seed: int = 3) -> list[dict]:
+    """Problems `tiny_sft` solves about half the time at temperature 0.8 with a 96-token budget
+    (0.48 of 64 rollouts here, 14 of 16 prompts with both outcomes among 4 samples): nearly
+    every RL group has a reward signal."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b = rng.randint(12, 999), rng.randint(12, 99)
+        rows.append({"id": f"mul-{seed}-{i}", "problem": f"What is {a}*{b}?", "answer": str(a * b)})
+    return rows
+
+
+@pytest.fixture(scope="session")
 async def agent_sandbox():
     cfg = SandboxConfig(
         lean_executors=1, warm_executors=1, slots_per_executor=4, uid_base=410_000, timeout_s=5
@@ -80,29 +130,35 @@ async def agent_sandbox():
 
 
 @pytest.fixture(scope="session")
-def s3(tmp_path_factory):
-    """A real S3 API on loopback (moto's server) with one bucket; s3fs and boto3 find it
-    through RSTAR_S3_ENDPOINT_URL and the usual AWS variables."""
+def _moto_endpoint():
+    """moto's S3 server on loopback for the session, with one bucket."""
+    import boto3
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
-    env = {
+    endpoint = f"http://{host}:{port}"
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    ).create_bucket(Bucket="rstar-test")
+    yield endpoint
+    server.stop()
+
+
+@pytest.fixture
+def s3(_moto_endpoint, monkeypatch):
+    """A real S3 API (moto's server) with one bucket; s3fs and boto3 find it through
+    RSTAR_S3_ENDPOINT_URL and the usual AWS variables, set for this test only."""
+    for key, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
-        "RSTAR_S3_ENDPOINT_URL": f"http://{host}:{port}",
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    import boto3
-
-    boto3.client("s3", endpoint_url=env["RSTAR_S3_ENDPOINT_URL"]).create_bucket(Bucket="rstar-test")
-    yield "s3://rstar-test"
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+        "RSTAR_S3_ENDPOINT_URL": _moto_endpoint,
+    }.items():
+        monkeypatch.setenv(key, value)
+    return "s3://rstar-test"

@@ -59,7 +59,4 @@ def policy_loss(
         loss_agg_mode="token-mean",
         config=cfg,
     )
-    return loss, {
-        "clip_fraction": metrics["actor/pg_clipfrac"],
-        "approx_kl": metrics["actor/ppo_kl"],
-    }
+    return loss, {"clip_fraction": metrics["actor/pg_clipfrac"]}

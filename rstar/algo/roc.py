@@ -103,7 +103,7 @@ def select(group: list[Sample], cfg: RoCConfig, rng: random.Random) -> list[int]
     target = min(cfg.group_size, n)
     k_pos = min(len(pos), math.floor(target * len(pos) / n + 0.5))
     if cfg.mode == "released":
-        k_pos = max(k_pos, min(cfg.min_each, len(pos), target - min(cfg.min_each, len(neg))))
+        k_pos = max(k_pos, min(cfg.min_each, len(pos)))
         k_pos = min(k_pos, target - min(cfg.min_each, len(neg)))
     if pos and neg and target >= 2:  # a group with both kinds keeps both: its learning signal
         k_pos = min(max(k_pos, 1), target - 1)

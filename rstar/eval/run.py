@@ -10,6 +10,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import PurePosixPath
 
 from rstar.agent.loop import AgentLoop
 from rstar.eval.benchmarks import chosen_option, extract_letter, shuffled_choice_prompt
@@ -26,7 +27,13 @@ from rstar.rollout.runner import rollout, tool_error_rate
 
 
 def _benchmark(problem: dict) -> str:
-    return json.loads(problem["metadata"]).get("benchmark", problem["source"])
+    """The benchmark a problem is reported under: its metadata's, else its source; a source
+    that is a data file's path (curation's default name) by the file's stem, so that it makes a
+    readable metric name (MLflow refuses names that look like absolute paths)."""
+    source = json.loads(problem["metadata"]).get("benchmark", problem["source"])
+    if source.endswith((".jsonl", ".json", ".parquet")):
+        return PurePosixPath(source).name.split(".")[0]
+    return source
 
 
 async def evaluate(

@@ -15,6 +15,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 
+from rstar.errors import NotRetryable
 from rstar.sandbox.config import SandboxConfig
 from rstar.sandbox.executor import FrameReader, frame
 from rstar.sandbox.result import ExecRequest, ExecResult, Status
@@ -126,7 +127,16 @@ class ExecutorHandle:
                 f"{self.flavour} executor {self.index} failed to start (exit code "
                 f"{await self.proc.wait()}): {e!r}"
             ) from e
-        for w in self.hello.get("warnings", []):
+        warnings = self.hello.get("warnings", [])
+        if warnings and self.cfg.isolation == "strict":
+            self.proc.kill()
+            await self.proc.wait()
+            raise IsolationRefused(
+                f"sandbox isolation is 'strict' and the {self.flavour} executor is not fully "
+                f"isolated: {'; '.join(warnings)} (run the service as root on a kernel that "
+                "allows mount and network namespaces, or set isolation: auto to run degraded)"
+            )
+        for w in warnings:
             log.warning("sandbox %s executor: %s", self.flavour, w)
         self.alive = True
         asyncio.create_task(self._read_loop(reader, frames, on_lost))
@@ -171,6 +181,10 @@ class ExecutorHandle:
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
+
+
+class IsolationRefused(NotRetryable, RuntimeError):
+    """`isolation: strict` and an executor reported a weaker isolation than it should have."""
 
 
 def _eof():
@@ -221,9 +235,13 @@ class ExecutorPool:
                 len(self.executors[flavour]) * self.cfg.slots_per_executor
             )
             self._alive[flavour] = asyncio.Event()
-        await asyncio.gather(
-            *(h.start(self._on_lost) for hs in self.executors.values() for h in hs)
-        )
+        try:
+            await asyncio.gather(
+                *(h.start(self._on_lost) for hs in self.executors.values() for h in hs)
+            )
+        except BaseException:
+            await self.close()  # the executors that did start, and the uid lease
+            raise
         for flavour in self.executors:
             self._alive[flavour].set()
         return self

@@ -218,3 +218,31 @@ def test_compact_style_keeps_the_format_and_drops_the_preamble(tokenizer):
     assert len(tokenizer.encode(short)) * 4 < len(tokenizer.encode(long))
     loop = AgentLoop(None, tokenizer, None, LoopConfig(prompt_style="compact"))
     assert loop.prompt_ids("What is 6*7?") == tokenizer.encode(short, add_special_tokens=False)
+
+
+async def test_the_runner_scores_a_truncated_rollout_zero_even_with_the_right_answer_in_it(
+    tokenizer,
+):
+    """Through `rstar.rollout.runner.rollout` (what the local trainer, mining and evaluation
+    use): a turn cut at the response budget after a correct answer is kept with reward 0; the
+    same turn within budget scores 1."""
+    from rstar.reward.score import BatchScorer
+    from rstar.rollout.runner import rollout
+
+    answer = "<reason>ok</reason>\n<answer>\\boxed{42}</answer>"
+    turn = answer + " and then some more words" * 20
+    fits = len(tokenizer.encode(turn, add_special_tokens=False)) + 1
+    problem = {"id": "p", "problem": "What is 6*7?", "answer": "42"}
+    rewards = {}
+    with BatchScorer(workers=1) as scorer:
+        for budget in (fits - 20, fits):
+            loop = AgentLoop(
+                ScriptedEngine(tokenizer, [turn]),
+                tokenizer,
+                sandbox=None,
+                cfg=LoopConfig(max_response_tokens=budget),
+            )
+            (record,) = await rollout(loop, [problem], 1, scorer=scorer)
+            assert answer in loop.tok.decode(record["response_ids"])
+            rewards[record["finish_reason"]] = (record["reward"], record["answer"])
+    assert rewards == {"length_limit": (0.0, "42"), "answered": (1.0, "42")}

@@ -4,14 +4,12 @@ manager that returns verl's own TokenOutput (the vLLM replicas it stands for nee
 import json
 
 import pytest
+import verl.experimental.agent_loop.agent_loop as verl_agent
+from omegaconf import OmegaConf
+from verl.workers.rollout.replica import TokenOutput
 
-verl_agent = pytest.importorskip("verl.experimental.agent_loop.agent_loop")
-
-from omegaconf import OmegaConf  # noqa: E402
-from verl.workers.rollout.replica import TokenOutput  # noqa: E402
-
-from rstar.agent.format import IM_END, TOOL_NAME  # noqa: E402
-from rstar.sandbox.process import SandboxProcess  # noqa: E402
+from rstar.agent.format import IM_END, TOOL_NAME
+from rstar.sandbox.process import SandboxProcess
 
 
 class FakeServerManager:
@@ -24,6 +22,7 @@ class FakeServerManager:
         ids = self.tok.encode(self.turns.pop(0), add_special_tokens=False) + [
             self.tok.convert_tokens_to_ids(IM_END)
         ]
+        ids = ids[: sampling_params["max_tokens"]]  # as vLLM: cut at the budget, no end token
         return TokenOutput(token_ids=ids, log_probs=[-0.25] * len(ids), stop_reason="completed")
 
 
@@ -145,3 +144,38 @@ async def test_a_call_the_sandbox_never_ran_is_counted_apart_from_code_errors(to
     assert "Rejected: sandbox unreachable" in tokenizer.decode(
         [t for t, m in zip(out.response_ids, out.response_mask) if not m]
     )
+
+
+async def test_a_truncated_rollout_scores_zero_even_with_the_right_answer_in_it(
+    tokenizer, sandbox_url
+):
+    """The paper keeps over-long rollouts with reward 0: a turn cut at the response budget
+    after a correct `<answer>` still scores 0 inside verl's agent loop."""
+    from rstar.agent.verl_adapter import RStarAgentLoop, compute_score
+
+    answer = "<reason>ok</reason>\n<answer>\\boxed{42}</answer>"
+    budget = len(tokenizer.encode(answer, add_special_tokens=False)) + 5
+    server = FakeServerManager(tokenizer, [answer + " and then some more words" * 20])
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {"rollout": {"response_length": budget, "prompt_length": 600}},
+            "rstar": {"sandbox_url": sandbox_url, "max_turns": 4},
+        }
+    )
+    loop = RStarAgentLoop(
+        trainer_config=verl_agent.DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=None,
+        data_config=verl_agent.DictConfigWrap(OmegaConf.create({})),
+    )
+    out = await loop.run(
+        {"temperature": 1.0},
+        extra_info={"problem": "What is 6*7?"},
+        reward_model={"ground_truth": "42"},
+    )
+    text = tokenizer.decode(out.response_ids)
+    assert answer in text and len(out.response_ids) == budget  # right, and cut
+    assert out.extra_fields["rstar_truncated"] and out.reward_score == 0.0
+    assert compute_score("synthetic", text, "42") == 1.0  # the same text, not cut: correct

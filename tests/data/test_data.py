@@ -309,11 +309,20 @@ def test_generator_answers_are_correct():
                 assert re.search(rf"(?<!\d){value}(?!\d)", row["problem"]), (value, row["problem"])
 
 
-def test_write_is_atomic_and_schemas_documented(tmp_path):
+def test_write_is_atomic_and_schemas_documented(tmp_path, monkeypatch):
+    from rstar.data import io
+
     path = str(tmp_path / "p.parquet")
     write_table(synth.generate(3), path, "problems")
-    with pytest.raises(Exception):  # noqa: B017 - any failure: the point is what it leaves behind
-        write_table([{"id": None}], path, "problems")  # a failed write...
+
+    def crash_midway(table, where):
+        Path(where).write_bytes(b"PAR1 and half a row group")
+        raise OSError("disk went away mid-write")
+
+    monkeypatch.setattr(io.pq, "write_table", crash_midway)
+    with pytest.raises(OSError, match="mid-write"):  # a write that dies half-way...
+        write_table(synth.generate(5, seed=1), path, "problems")
+    monkeypatch.undo()
     assert len(read_table(path, "problems")) == 3  # ...leaves the old file whole
     assert [p.name for p in tmp_path.iterdir()] == ["p.parquet"]  # and no temporary behind
     doc = Path("docs/schemas.md").read_text()

@@ -17,3 +17,12 @@ def test_parquet_round_trip_on_s3(s3):
         read_table(f"{s3}/datasets/missing.parquet", "problems")
     with pytest.raises(DataError, match="expected a 'rejects' file"):
         read_table(uri, "rejects")
+
+
+def test_the_s3_fixture_leaves_no_credentials_behind():
+    """Runs after the test above (file order): the fixture's endpoint and test credentials are
+    gone, so no later test talks to moto (or to AWS with them) by accident."""
+    import os
+
+    assert "RSTAR_S3_ENDPOINT_URL" not in os.environ
+    assert os.environ.get("AWS_ACCESS_KEY_ID") != "testing"

@@ -50,10 +50,17 @@ def test_summary_on_crafted_records():
     ]
     s = summarize_eval(records, problems, 4)["toy"]
     assert s["avg_pass@1"] == pytest.approx((3 / 4 + 1 / 4) / 2)
+    # the standard error is over questions (0.75 and 0.25), not over the 8 samples pooled
+    assert s["avg_pass@1_se"] == pytest.approx(0.25)
     assert s["pass@4"] == pytest.approx(1.0)  # every question solved at least once in 4
     assert s["maj@4"] == pytest.approx(0.5)  # m1's majority is right, m2's ("4") is not
     assert s["tool_error_rate"] == pytest.approx(1 / 8) and s["tool_calls_per_answer"] == 1.0
     assert s["response_len_p95"] == 30
+    # a question with fewer samples (a budget cut short) weighs as much as the others:
+    # (3/4 + 1/4 + 2/2) / 3, where the pooled mean would be 6/10
+    problems["m3"] = {**problems["m2"], "id": "m3", "answer": "9"}
+    more = records + [rec("m3", "9", True), rec("m3", "9", True)]
+    assert summarize_eval(more, problems, 4)["toy"]["avg_pass@1"] == pytest.approx(2 / 3)
 
 
 async def test_evaluate_the_tiny_model(tiny_dir, tokenizer, agent_sandbox, tmp_path):
@@ -216,3 +223,24 @@ def test_a_model_whose_files_changed_since_registration_is_refused(tiny_dir, tmp
     )
     out = stages.evaluate(recipe, Layout(recipe.storage_root), registered, NullLog())
     assert list(out.evaluation.summaries) == ["rl1"]
+
+
+def test_a_held_out_set_from_a_file_is_reported_under_the_files_stem():
+    """Curation names a file's problems after its path; the evaluation reports them under the
+    file's stem, a name MLflow accepts in a metric key (a path is refused there)."""
+    problem = {
+        "id": "p",
+        "answer": "1",
+        "source": "/data/sets/held-out.v2.jsonl",
+        "metadata": json.dumps({}),
+    }
+    record = {
+        "problem_id": "p",
+        "answer": "1",
+        "correct": True,
+        "num_tool_calls": 0,
+        "num_tool_errors": 0,
+        "response_len": 5,
+        "finish_reason": "answered",
+    }
+    assert list(summarize_eval([record], {"p": problem}, 1)) == ["held-out"]

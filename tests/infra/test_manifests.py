@@ -5,10 +5,8 @@ the compose file's references."""
 
 import os
 
-import pytest
+import kubernetes_validate as kv
 import yaml
-
-kv = pytest.importorskip("kubernetes_validate")
 
 CLUSTER = os.path.join(os.path.dirname(__file__), "..", "..", "infra", "cluster")
 K8S = "1.37.0"

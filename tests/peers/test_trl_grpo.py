@@ -3,8 +3,6 @@ agent loop produces, token for token, and trains on the tiny model with the sand
 
 import pytest
 
-pytest.importorskip("trl")
-
 from rstar.agent.format import IM_END, STYLES, TOOL_NAME, saved_style, tool_turn
 from rstar.agent.loop import AgentLoop, LoopConfig
 from rstar.peers.trl_grpo import train_trl, trl_chat_template

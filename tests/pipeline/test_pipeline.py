@@ -152,6 +152,10 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     assert children["rl1"].data.params["rl.steps"] == "3"  # the resolved config as params
     history = c.get_metric_history(children["rl1"].info.run_id, "rl1/accuracy")
     assert [m.step for m in history] == [1, 2, 3]  # per-step trainer metrics
+    # rl1 earns reward of both kinds and its updates move the weights: the kill and resume
+    # tests below compare something a lost checkpoint would change
+    assert all(0 < m.value < 1 for m in history), [m.value for m in history]
+    assert outs["rl1"].model.digest != outs["sft"].model.digest
     assert "curves/rl1_curves.png" in [
         a.path for a in c.list_artifacts(children["rl1"].info.run_id, "curves")
     ]
@@ -258,10 +262,10 @@ def test_rerunning_a_finished_pipeline_serves_every_stage_from_cache(finished_lo
     assert rerun.data.tags["rstar.rl3.reused_run"] == outs["rl3"].mlflow_run_id
 
 
-def test_pipeline_on_s3(prefect_api, s3, tmp_path):
+def test_pipeline_on_s3(prefect_api, s3, shipped_sft, tmp_path):
     from flows.pipeline import pipeline
 
-    path = write_recipe(str(tmp_path), "s3", f"{s3}/pipeline")
+    path = write_recipe(str(tmp_path), "s3", f"{s3}/pipeline", shipped_sft)
     state = pipeline(path, return_state=True)
     assert state.is_completed()
     outs = state.result()
@@ -278,14 +282,14 @@ def test_pipeline_on_s3(prefect_api, s3, tmp_path):
 
 
 def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(
-    prefect_api, finished_local, tmp_path
+    prefect_api, finished_local, shipped_sft, tmp_path
 ):
     """SIGKILL rl1's Ray worker mid-stage: Prefect retries the task, the trainer
     resumes from the checkpoint, and the trajectories equal the uninterrupted run's."""
     from flows.pipeline import pipeline
     from rstar.pipeline.launch import pid_file
 
-    path = write_recipe(str(tmp_path), "fault", str(tmp_path / "root"))
+    path = write_recipe(str(tmp_path), "fault", str(tmp_path / "root"), shipped_sft)
     recipe = load_recipe(path)
     # Once step 2's rollouts are on disk, step 1's checkpoint is too: the kill lands mid-stage
     # with something to resume from.
@@ -338,6 +342,8 @@ def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(
             (r["group_id"], r["response_ids"], r["reward"]) for r in want
         ], f"step {step}"
     assert ref_recipe.rl[0] == recipe.rl[0]
+    # the weights, AdamW moments and schedule came back: the same model as the uninterrupted run
+    assert outs["rl1"].model.digest == reference["rl1"].model.digest
 
 
 def _flow_run_and_tasks(flow_run_id: str):
@@ -354,7 +360,7 @@ def _flow_run_and_tasks(flow_run_id: str):
 
 @pytest.mark.timeout(900)
 def test_a_pipeline_killed_mid_stage_is_reconciled_and_continued_by_the_next_run(
-    prefect_api, tmp_path
+    prefect_api, shipped_sft, finished_local, tmp_path
 ):
     """SIGKILL a whole `rstar pipeline run` (its process group: driver, Ray, the stage's worker)
     in the middle of rl1. The next `rstar pipeline run` on the root marks the killed flow run and
@@ -368,7 +374,7 @@ def test_a_pipeline_killed_mid_stage_is_reconciled_and_continued_by_the_next_run
     from rstar.pipeline.records import StageOutput
     from rstar.storage.lock import LOCK
 
-    path = write_recipe(str(tmp_path), "killed", str(tmp_path / "root"))
+    path = write_recipe(str(tmp_path), "killed", str(tmp_path / "root"), shipped_sft)
     recipe = load_recipe(path)
     second_step = os.path.join(
         recipe.storage_root, "trajectories", "stage=rl1", "step=00002.parquet"
@@ -426,6 +432,9 @@ def test_a_pipeline_killed_mid_stage_is_reconciled_and_continued_by_the_next_run
             for s in recipe.rl
         },
     )
+    # rl1 resumed to the model the uninterrupted run trained (same recipe but for names)
+    rl1_model = os.path.join(recipe.storage_root, "models", "rl1")
+    assert digest(rl1_model) == finished_local[2]["rl1"].model.digest
 
 
 @pytest.mark.timeout(900)
@@ -495,12 +504,16 @@ def test_lineage_command_prints_the_chain(finished_local):
     assert "settings k=1 " in result.output
 
 
-def test_a_cached_stage_whose_outputs_were_deleted_or_overwritten_runs_again(finished_local):
+def test_a_cached_stage_whose_outputs_were_deleted_or_overwritten_runs_again(
+    prefect_api, shipped_sft, tmp_path
+):
+    """On a root of its own (it damages what it runs on), finished once, then damaged."""
     import shutil
 
     from flows.pipeline import pipeline
 
-    path, _, outs = finished_local
+    path = write_recipe(str(tmp_path), "damaged", str(tmp_path / "root"), shipped_sft)
+    assert pipeline(path, return_state=True).is_completed()
     recipe = load_recipe(path)
     shutil.rmtree(os.path.join(recipe.storage_root, "models", "rl3"))
     # another recipe at the same storage root rewrote the mined problems (and said so)

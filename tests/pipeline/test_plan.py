@@ -4,10 +4,7 @@ own validation, nothing run."""
 import json
 import os
 
-import pytest
 from typer.testing import CliRunner
-
-pytest.importorskip("verl")
 
 from flows.cli import app
 from rstar.pipeline.config import load_recipe

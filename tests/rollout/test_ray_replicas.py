@@ -4,8 +4,7 @@ import asyncio
 import os
 
 import pytest
-
-ray = pytest.importorskip("ray")
+import ray
 
 
 @pytest.fixture(scope="module")

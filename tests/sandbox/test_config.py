@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from rstar.sandbox.config import SandboxConfig
@@ -33,3 +35,40 @@ def test_public_api_names_resolve():
 
     for name in sandbox.__all__:
         assert getattr(sandbox, name).__name__ == name
+
+
+_START = """
+import asyncio, sys
+from rstar.sandbox.config import SandboxConfig
+from rstar.sandbox.service import SandboxService
+
+async def main():
+    cfg = SandboxConfig(isolation=sys.argv[1], lean_executors=1, warm_executors=1,
+                        slots_per_executor=1, uid_base=430_000)
+    async with SandboxService(cfg) as service:
+        print("started; warnings:", service.health()["warnings"])
+
+asyncio.run(main())
+"""
+
+
+def test_strict_isolation_refuses_a_degraded_executor_that_auto_accepts():
+    """A service whose executors cannot enter their namespaces (CAP_SYS_ADMIN dropped from the
+    capability bounding set: root, yet unshare fails) runs degraded under `auto`, with the
+    warnings in its health, and refuses to start under `strict`, naming what is missing."""
+    import subprocess
+    import sys
+
+    def start(mode: str) -> subprocess.CompletedProcess:
+        command = ["setpriv", "--bounding-set", "-sys_admin", "--", sys.executable, "-c", _START]
+        return subprocess.run(
+            [*command, mode], capture_output=True, text=True, timeout=180, cwd=os.getcwd()
+        )
+
+    degraded = start("auto")
+    assert degraded.returncode == 0, degraded.stderr[-2000:]
+    assert "started; warnings:" in degraded.stdout and "namespaces unavailable" in degraded.stdout
+    refused = start("strict")
+    assert refused.returncode != 0 and "started" not in refused.stdout
+    assert "IsolationRefused: sandbox isolation is 'strict'" in refused.stderr
+    assert "namespaces unavailable" in refused.stderr.splitlines()[-1]

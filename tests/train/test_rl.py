@@ -4,12 +4,14 @@ metrics, checkpoints, and resume giving the same result as an uninterrupted run.
 import json
 import os
 
+import pytest
 import torch
 
 from rstar.algo.roc import RoCConfig
 from rstar.data import synth
 from rstar.train.config import StageConfig
 from rstar.train.rl import RLTrainer
+from tests.conftest import product_problems
 
 
 def cfg(steps):
@@ -25,20 +27,62 @@ def cfg(steps):
     )
 
 
-async def run_trainer(tiny_dir, tokenizer, sandbox, out, steps):
+def scoring_cfg(steps):
+    """For `tiny_sft` on `product_problems`: groups with a reward signal at every step, and a
+    warm-up longer than the run, so each step's learning rate differs (a resume that loses the
+    schedule shows in the weights)."""
+    return StageConfig(
+        steps=steps,
+        prompts_per_step=4,
+        roc=RoCConfig(group_size=2),
+        max_response_tokens=96,
+        max_turns=3,
+        temperature=0.8,
+        lr=1e-4,
+        warmup_steps=5,
+        seed=7,
+        prompt_style="compact",
+    )
+
+
+async def run_trainer(model_dir, tokenizer, sandbox, out, steps, make_cfg=cfg, problems=None):
+    """A trainer over `model_dir`, run to `steps` (resuming from `out` if it holds a
+    checkpoint)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    trainer = RLTrainer(
-        model, tokenizer, synth.generate(10, seed=2, levels=(1,)), sandbox, cfg(steps), out
-    )
-    history = await trainer.run()
-    return model, history
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    problems = problems or synth.generate(10, seed=2, levels=(1,))
+    trainer = RLTrainer(model, tokenizer, problems, sandbox, make_cfg(steps), out)
+    await trainer.run()
+    return trainer
 
 
-async def test_rl_steps_checkpoint_and_resume(tiny_dir, tokenizer, agent_sandbox, tmp_path):
-    straight, hist = await run_trainer(tiny_dir, tokenizer, agent_sandbox, str(tmp_path / "a"), 3)
+async def test_rl_learns_checkpoints_and_resumes_to_the_uninterrupted_run(
+    tiny_sft, agent_sandbox, tmp_path
+):
+    """Three steps straight, and the same stage killed after step 2 then resumed by a new
+    trainer: the same rollouts, weights, AdamW moments, schedule and RNG state. The model earns
+    reward, so every one of those is something a resume could lose."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_sft)
+    problems = product_problems(12)
+
+    async def run(out, steps, rng_seed):
+        torch.manual_seed(rng_seed)  # what the process happened to hold
+        return await run_trainer(
+            tiny_sft, tok, agent_sandbox, str(tmp_path / out), steps, scoring_cfg, problems
+        )
+
+    straight = await run("a", 3, 0)
+    straight_rng = torch.get_rng_state()
+    hist = straight.history
     assert [h["step"] for h in hist] == [1, 2, 3]
+    # not vacuous: rewards of both kinds, and an update that moved the weights
+    assert all(0 < h["accuracy"] < 1 for h in hist), [h["accuracy"] for h in hist]
+    assert all(h["grad_norm"] > 0 for h in hist)
+    start = AutoModelForCausalLM.from_pretrained(tiny_sft, dtype=torch.float32).state_dict()
+    assert any(not torch.equal(start[n], p) for n, p in straight.model.state_dict().items())
     for key in (
         "reward_mean",
         "accuracy",
@@ -61,16 +105,24 @@ async def test_rl_steps_checkpoint_and_resume(tiny_dir, tokenizer, agent_sandbox
         "grad_norm",
     ):
         assert key in hist[-1]
-    assert hist[-1]["kept"] == 2 * 2  # prompts x G, from 2G sampled each
+    assert hist[-1]["kept"] == 4 * 2  # prompts x G, from 2G sampled each
+    assert [h["lr"] for h in hist] == pytest.approx([1e-4 * s / 5 for s in (2, 3, 4)])
     assert os.path.exists(tmp_path / "a" / "checkpoint" / "model.safetensors")
 
-    # the same stage, interrupted after step 2, then resumed by a new process-like trainer
-    await run_trainer(tiny_dir, tokenizer, agent_sandbox, str(tmp_path / "b"), 2)
-    resumed, hist_b = await run_trainer(tiny_dir, tokenizer, agent_sandbox, str(tmp_path / "b"), 3)
-    assert [h["step"] for h in hist_b] == [1, 2, 3]
-    assert [h["reward_mean"] for h in hist_b] == [h["reward_mean"] for h in hist]
-    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
-        assert torch.allclose(a, b, atol=1e-5), name
+    await run("b", 2, 0)
+    resumed = await run("b", 3, 1234)  # a new process: another RNG state, fresh optimizer
+    assert resumed.started_as == "resumed"
+    assert [h["reward_mean"] for h in resumed.history] == [h["reward_mean"] for h in hist]
+    for (name, a), (_, b) in zip(
+        straight.model.state_dict().items(), resumed.model.state_dict().items()
+    ):
+        assert torch.allclose(a, b, atol=1e-6), name
+    for a, b in zip(straight.opt.state.values(), resumed.opt.state.values()):
+        assert torch.equal(a["step"], b["step"])
+        assert torch.allclose(a["exp_avg"], b["exp_avg"], atol=1e-9)
+        assert torch.allclose(a["exp_avg_sq"], b["exp_avg_sq"], atol=1e-12)
+    assert resumed.sched.state_dict() == straight.sched.state_dict()
+    assert torch.equal(torch.get_rng_state(), straight_rng)
 
 
 async def test_a_save_killed_midway_leaves_a_checkpoint_to_resume_from(
@@ -81,23 +133,12 @@ async def test_a_save_killed_midway_leaves_a_checkpoint_to_resume_from(
     the two renames (only `.old` is left: resume must find it)."""
     import shutil
 
-    from transformers import AutoModelForCausalLM
-
     out = tmp_path / "c"
     final, old = out / "checkpoint", out / "checkpoint.old"
 
     async def resume_to(steps):
-        model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-        trainer = RLTrainer(
-            model,
-            tokenizer,
-            synth.generate(10, seed=2, levels=(1,)),
-            agent_sandbox,
-            cfg(steps),
-            str(out),
-        )
-        history = await trainer.run()
-        return trainer, history
+        trainer = await run_trainer(tiny_dir, tokenizer, agent_sandbox, str(out), steps)
+        return trainer, trainer.history
 
     await resume_to(1)
     shutil.copytree(final, old)  # killed while deleting the replaced checkpoint
@@ -110,27 +151,33 @@ async def test_a_save_killed_midway_leaves_a_checkpoint_to_resume_from(
     assert trainer.started_as == "resumed" and [h["step"] for h in history] == [1, 2, 3]
 
 
-async def test_next_stage_starts_from_the_previous_one(
-    tiny_dir, tokenizer, agent_sandbox, tmp_path
-):
-    from transformers import AutoModelForCausalLM
+async def test_next_stage_starts_from_the_previous_one(tiny_sft, agent_sandbox, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    problems = synth.generate(10, seed=2, levels=(1,))
-    first, _ = await run_trainer(tiny_dir, tokenizer, agent_sandbox, str(tmp_path / "s1"), 1)
+    tok = AutoTokenizer.from_pretrained(tiny_sft)
+    problems = product_problems(8)
+    first = await run_trainer(
+        tiny_sft, tok, agent_sandbox, str(tmp_path / "s1"), 1, scoring_cfg, problems
+    )
+    start = AutoModelForCausalLM.from_pretrained(tiny_sft, dtype=torch.float32).state_dict()
+    assert any(not torch.equal(start[n], p) for n, p in first.model.state_dict().items())
     prev = str(tmp_path / "s1" / "checkpoint")
     for reset in (False, True):
-        c = cfg(1)
+        c = scoring_cfg(1)
         c.name, c.init_from, c.reset_optimizer = "rl2", prev, reset
-        model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-        trainer = RLTrainer(
-            model, tokenizer, problems, agent_sandbox, c, str(tmp_path / f"s2-{reset}")
-        )
+        model = AutoModelForCausalLM.from_pretrained(tiny_sft, dtype=torch.float32)
+        trainer = RLTrainer(model, tok, problems, agent_sandbox, c, str(tmp_path / f"s2-{reset}"))
         assert trainer.try_resume() == "initialised"
-        for (name, a), (_, b) in zip(first.state_dict().items(), model.state_dict().items()):
+        for (name, a), (_, b) in zip(first.model.state_dict().items(), model.state_dict().items()):
             assert torch.equal(a, b), name  # weights come from stage 1
-        moments = [s for s in trainer.opt.state.values() if "exp_avg" in s]
-        assert (len(moments) == 0) == reset  # AdamW moments carried over unless reset
-        assert trainer.step == 0
+        carried = [s for s in trainer.opt.state.values() if "exp_avg" in s]
+        if reset:
+            assert carried == []
+        else:  # stage 1's AdamW moments, exactly; the schedule starts afresh
+            assert len(carried) == len(first.opt.state)
+            for a, b in zip(first.opt.state.values(), carried):
+                assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["step"], b["step"])
+        assert trainer.step == 0 and trainer.sched.last_epoch == 0
 
 
 async def test_the_update_scores_tokens_under_the_sampling_temperature(tiny_dir):
@@ -227,3 +274,53 @@ def test_with_one_mini_batch_the_sampling_policys_log_probs_are_the_updated_ones
     model.train()
     new = _log_probs(model, seqs, starts, 3, 0.8)
     assert new.requires_grad and torch.equal(old, new.detach())
+
+
+def test_an_update_raises_rewarded_tokens_lowers_the_rest_and_never_trains_tool_tokens(
+    tiny_dir, tokenizer, monkeypatch
+):
+    """One group of two rollouts of one prompt, one rewarded: after one update the model's tokens
+    of the rewarded rollout are likelier and those of the other less likely; the loss's gradient
+    reaches only the model's tokens (mask 1), never the tool response's (mask 0)."""
+    from transformers import AutoModelForCausalLM
+
+    from rstar.train import rl
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    c = cfg(1)
+    c.lr, c.temperature = 1e-4, 1.0
+    trainer = RLTrainer(model, tokenizer, [], None, c, "unused")
+    prompt = [5, 9, 14, 3]
+    rows = [
+        {"response_ids": [40, 41, 42, 43, 44, 45], "response_mask": [1, 1, 0, 0, 1, 1]},
+        {"response_ids": [60, 61, 62, 63, 64], "response_mask": [1, 1, 1, 0, 1]},
+    ]
+    kept = [
+        {"prompt_ids": prompt, "group_id": "g", "reward": reward, **row}
+        for row, reward in zip(rows, (1.0, 0.0))
+    ]
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1], [1, 1, 1, 0, 1, 0]], dtype=torch.float32)
+
+    def model_token_log_probs() -> torch.Tensor:
+        with torch.no_grad():
+            lp = rl._log_probs(model, [prompt + r["response_ids"] for r in rows], [4, 4], 6, 1.0)
+        return (lp * mask).sum(-1)
+
+    seen = []
+
+    def keep_grad(*args):
+        out = original(*args)
+        if out.requires_grad:
+            out.retain_grad()
+            seen.append(out)
+        return out
+
+    original = rl._log_probs
+    monkeypatch.setattr(rl, "_log_probs", keep_grad)
+    before = model_token_log_probs()
+    trainer.update(kept)
+    after = model_token_log_probs()
+    assert after[0] > before[0] and after[1] < before[1], (before, after)
+    (scored,) = seen
+    assert torch.all(scored.grad[mask == 0] == 0)  # tool tokens and padding: no gradient
+    assert torch.all(scored.grad[mask == 1] != 0)

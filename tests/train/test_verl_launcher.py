@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("verl")
-
 from rstar.algo.roc import RoCConfig
 from rstar.data import synth
 from rstar.data.io import write_table

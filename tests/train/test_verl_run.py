@@ -5,42 +5,19 @@ turns the last checkpoint into a Hugging Face model that loads. On this machine'
 the HF engine as verl's rollout replica: rstar.train.verl_cpu) in CI; on a GPU with vLLM
 rollouts (marked `gpu`, run by scripts/gpu-check.sh).
 
-The SFT model is the shipped tiny base after the tiny recipe's own SFT (about 4 minutes
-here); the problems are the recipe's own (recipe_problems)."""
+The SFT model is the shipped tiny base after the tiny recipe's own SFT (the session's
+`tiny_sft`); the problems are the recipe's own (recipe_problems)."""
 
 import os
 import re
 import subprocess
-from dataclasses import replace
 
 import pytest
-
-pytest.importorskip("verl")
 
 from rstar.algo.roc import RoCConfig
 from rstar.train.config import StageConfig
 
 PROMPTS, G, STEPS = 8, 2, 2
-
-
-@pytest.fixture(scope="module")
-def tiny_sft(tmp_path_factory):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rstar.data import sft as sft_data
-    from rstar.pipeline.config import load_recipe
-    from rstar.train.sft import train_sft
-
-    recipe = load_recipe("configs/tiny.yaml")
-    model = AutoModelForCausalLM.from_pretrained(recipe.base.shipped, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(recipe.base.shipped)
-    rows = sft_data.generate(recipe.sft.examples, seed=recipe.sft.seed, tasks=recipe.sft.tasks)
-    train_sft(model, tok, rows, replace(recipe.sft.train, prompt_style=recipe.prompt_style))
-    out = str(tmp_path_factory.mktemp("tiny-sft"))
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 def recipe_problems(n: int) -> list[dict]:
@@ -67,17 +44,28 @@ def metrics_by_step(log: str) -> dict[int, dict[str, float]]:
     return steps
 
 
-def two_verl_steps(model: str, tmp_path, device: str, extra: list[str] = ()) -> None:
+def verl_steps(
+    model: str,
+    tmp_path,
+    device: str,
+    extra: list[str] = (),
+    *,
+    steps: int = STEPS,
+    name: str = "rl1",
+    optimizer_from: str | None = None,
+) -> str:
+    """`steps` RL steps of verl's trainer on the tiny recipe's problems, checked as they ran;
+    returns verl's checkpoint directory."""
     from rstar.data.io import write_table
     from rstar.sandbox.process import SandboxProcess
     from rstar.train.verl_launcher import build_verl_run, verl_env
 
     problems = write_table(
-        recipe_problems(PROMPTS * STEPS), str(tmp_path / "problems.parquet"), "problems"
+        recipe_problems(PROMPTS * steps), str(tmp_path / "problems.parquet"), "problems"
     )
     stage = StageConfig(
-        name="rl1",
-        steps=STEPS,
+        name=name,
+        steps=steps,
         prompts_per_step=PROMPTS,
         roc=RoCConfig(group_size=G),
         max_response_tokens=128,
@@ -98,6 +86,7 @@ def two_verl_steps(model: str, tmp_path, device: str, extra: list[str] = ()) -> 
             out_dir=work,
             n_gpus=1,
             device=device,
+            optimizer_from=optimizer_from,
         )
         cmd = [c for c in cmd if not c.startswith("trainer.logger")] + [
             "trainer.logger=[console]",
@@ -107,21 +96,22 @@ def two_verl_steps(model: str, tmp_path, device: str, extra: list[str] = ()) -> 
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=work)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-6000:]
-    steps = metrics_by_step(log)
-    assert sorted(steps) == [1, 2], log[-3000:]
+    by_step = metrics_by_step(log)
+    assert sorted(by_step) == list(range(1, steps + 1)), log[-3000:]
     # verl routed through the project's balancer
     assert "[rstar] KV-balanced load balancer over 1 replica(s)" in log
-    for m in steps.values():  # RoC inside verl's step: 2G sampled per prompt, G kept
+    for m in by_step.values():  # RoC inside verl's step: 2G sampled per prompt, G kept
         print({k: v for k, v in m.items() if k.startswith("roc/")}, flush=True)
         assert m["roc/sampled"] == PROMPTS * 2 * G and m["roc/kept"] == PROMPTS * G
         # verl's own update ran on what was kept
         assert "actor/pg_loss" in m and "timing_s/update_actor" in m
     # real reward: some rollouts solved it
-    assert max(m["roc/accuracy_sampled"] for m in steps.values()) > 0
-    actor = os.path.join(work, f"global_step_{STEPS}", "actor")
+    assert max(m["roc/accuracy_sampled"] for m in by_step.values()) > 0
+    actor = os.path.join(work, f"global_step_{steps}", "actor")
     assert os.path.exists(os.path.join(work, "latest_checkpointed_iteration.txt"))
     moved, _ = merged_changes(actor, model, str(tmp_path / "hf"), env)
     assert moved, "the merged model equals the SFT model: no update reached the checkpoint"
+    return work
 
 
 def merged_changes(checkpoint: str, before: str, merged: str, env: dict) -> tuple[list[str], int]:
@@ -140,14 +130,37 @@ def merged_changes(checkpoint: str, before: str, merged: str, env: dict) -> tupl
     return [n for (n, a), (_, b) in zip(trained, start) if not torch.equal(a, b)], len(start)
 
 
-def test_verls_trainer_runs_grpo_roc_on_cpu(tiny_sft, tmp_path):
-    two_verl_steps(tiny_sft, tmp_path, "cpu")
+@pytest.fixture(scope="module")
+def verl_rl1(tiny_sft, tmp_path_factory):
+    """Two verl RL steps on the CPU (checked as they run): verl's checkpoint directory."""
+    return verl_steps(tiny_sft, tmp_path_factory.mktemp("verl-rl1"), "cpu")
+
+
+def test_verls_trainer_runs_grpo_roc_on_cpu(verl_rl1):
+    assert os.path.isdir(os.path.join(verl_rl1, f"global_step_{STEPS}", "actor"))
+
+
+def adam_steps(actor_dir: str) -> set[int]:
+    """The step counts in an actor checkpoint's optimizer state (one rank)."""
+    import torch
+
+    state = torch.load(os.path.join(actor_dir, "optim_world_size_1_rank_0.pt"), weights_only=False)
+    return {int(s["step"]) for s in state["state"].values()}
+
+
+def test_a_next_verl_stage_continues_the_previous_stages_adam_moments(verl_rl1, tiny_sft, tmp_path):
+    """rl2 starts from rl1's last actor checkpoint (`rstar.optimizer_from`, reset_optimizer
+    false): after its one step, AdamW has counted rl1's two steps and its own."""
+    previous = os.path.join(verl_rl1, f"global_step_{STEPS}", "actor")
+    assert adam_steps(previous) == {STEPS}
+    work = verl_steps(tiny_sft, tmp_path, "cpu", steps=1, name="rl2", optimizer_from=previous)
+    assert adam_steps(os.path.join(work, "global_step_1", "actor")) == {STEPS + 1}
 
 
 @pytest.mark.gpu
 def test_verls_trainer_runs_grpo_roc_on_a_gpu_with_vllm(tiny_sft, tmp_path):
     # one GPU: vLLM unsharded, leaving the actor room on the same device
-    two_verl_steps(
+    verl_steps(
         tiny_sft,
         tmp_path,
         "gpu",

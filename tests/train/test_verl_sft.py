@@ -9,8 +9,6 @@ import subprocess
 
 import pytest
 
-pytest.importorskip("verl")
-
 from rstar.train.config import SFTConfig
 from rstar.train.sft import encode_example
 from tests.train.test_verl_run import merged_changes, metrics_by_step
