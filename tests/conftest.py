@@ -151,14 +151,16 @@ def _moto_endpoint():
 
 
 @pytest.fixture
-def s3(_moto_endpoint, monkeypatch):
+def s3(_moto_endpoint):
     """A real S3 API (moto's server) with one bucket; s3fs and boto3 find it through
-    RSTAR_S3_ENDPOINT_URL and the usual AWS variables, set for this test only."""
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "RSTAR_S3_ENDPOINT_URL": _moto_endpoint,
-    }.items():
-        monkeypatch.setenv(key, value)
-    return "s3://rstar-test"
+    RSTAR_S3_ENDPOINT_URL and the usual AWS variables, set for this test only (a monkeypatch of
+    its own: a test's `monkeypatch.undo()` leaves them)."""
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "RSTAR_S3_ENDPOINT_URL": _moto_endpoint,
+        }.items():
+            env.setenv(key, value)
+        yield "s3://rstar-test"

@@ -56,6 +56,11 @@ def serve(
     batch_size: int = typer.Option(None, help="Calls per batch sent to a node."),
     worker: list[str] = typer.Option([], help="URL of a worker node to dispatch to (repeatable)."),
     join: str = typer.Option(None, help="URL of a head service to register with as a worker node."),
+    public_url: str = typer.Option(
+        None,
+        help="URL the head reaches this node at (default: the bound address; bound to 0.0.0.0, "
+        "this host's address on the route to the head).",
+    ),
     local: bool = typer.Option(
         True, help="Run calls on this machine (--no-local: a head that only dispatches)."
     ),
@@ -74,6 +79,7 @@ def serve(
         local=local,
         workers=worker,
         join=join,
+        public_url=public_url,
         log_level=log_level,
     )
 

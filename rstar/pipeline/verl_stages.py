@@ -90,11 +90,26 @@ def rl(recipe: Recipe, inputs: StageInputs, log, cfg, work: str) -> str:
             optimizer_from=optimizer_from,
             device=device(recipe),
         )
+        cmd += ray_job_env(mlflow_env(log))
         actor = os.path.join(work, f"global_step_{cfg.steps}", "actor")
         merged = _run(cmd, cfg.name, log, work, recipe, lambda: actor)
     with open(os.path.join(merged, VERL_CHECKPOINT), "w") as f:
         f.write(actor)
     return merged
+
+
+def mlflow_env(log) -> dict[str, str]:
+    """What makes verl's MLflow logger write into this stage's run, beside the pipeline's own
+    metrics (none without a run)."""
+    run_id = getattr(log, "run_id", None)
+    return {"MLFLOW_TRACKING_URI": log.tracking_uri, "MLFLOW_RUN_ID": run_id} if run_id else {}
+
+
+def ray_job_env(env: dict[str, str]) -> list[str]:
+    """Hydra overrides that put `env` into the Ray job verl starts or joins. verl's logger runs
+    in its task-runner actor; on a cluster started apart (`ray start`) actors do not inherit the
+    launching process's environment, and verl forwards only its own list of variables."""
+    return [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={v}" for k, v in env.items()]
 
 
 def _run(cmd: list[str], stage: str, log, work: str, recipe: Recipe, checkpoint) -> str:
@@ -104,14 +119,9 @@ def _run(cmd: list[str], stage: str, log, work: str, recipe: Recipe, checkpoint)
 
     where = device(recipe)
     log.tag("rstar.verl_command", " ".join(cmd)[:5000])
-    # verl's MLflow logger writes into this stage's run, beside the pipeline's own metrics
-    run_id = getattr(log, "run_id", None)
-    mlflow_env = (
-        {"MLFLOW_TRACKING_URI": log.tracking_uri, "MLFLOW_RUN_ID": run_id} if run_id else {}
-    )
     logger.info("[%s] verl (%s): %s ...", stage, where, " ".join(cmd[:3]))
     # on the CPU: torch threads per training process, which Ray would otherwise start with one
-    env = {**os.environ, **verl_env(where, int(recipe.resources.cpus)), **mlflow_env}
+    env = {**os.environ, **verl_env(where, int(recipe.resources.cpus)), **mlflow_env(log)}
     if where == "cpu":
         # verl on the CPU starts a Ray of its own, with its training slots
         env.pop("RAY_ADDRESS", None)

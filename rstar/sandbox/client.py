@@ -16,6 +16,7 @@ a call lost with a dead worker is run again.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import aiohttp
@@ -45,6 +46,15 @@ def check_health(url: str, timeout_s: float = 10.0) -> None:
             if resp.status == 200:
                 return
             reason = f"HTTP {resp.status}"
+    except urllib.error.HTTPError as e:  # it answers, but cannot run calls (503: no live node)
+        try:
+            state = json.loads(e.read())
+            reason = (
+                f"HTTP {e.code}: status {state['status']}, {len(state['nodes'])} node(s), "
+                f"capacity {state['capacity']}"
+            )
+        except (ValueError, KeyError, TypeError):
+            reason = f"HTTP {e.code}"
     except (urllib.error.URLError, OSError) as e:
         reason = str(getattr(e, "reason", e))
     raise SandboxUnreachable(
@@ -130,7 +140,10 @@ class SandboxClient:
                 )
 
     async def health(self) -> dict:
-        async with self._http.get(f"{self.url}/health", raise_for_status=True) as resp:
+        """The service's state; its /health answers 503 with it while no node can run calls."""
+        async with self._http.get(f"{self.url}/health") as resp:
+            if resp.status not in (200, 503):
+                resp.raise_for_status()
             return await resp.json()
 
     async def stats(self) -> dict:

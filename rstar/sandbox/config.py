@@ -6,6 +6,20 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 
 
+def available_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """The CPUs this process may use: its affinity mask, capped by its cgroup's CPU quota (a
+    container's limit; os.cpu_count() counts the host's cores)."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        with open(cpu_max) as f:
+            quota, period = f.read().split()
+        if quota != "max":
+            cpus = min(cpus, int(quota) // int(period))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota: the affinity mask is the limit
+    return max(1, cpus)
+
+
 @dataclass
 class SandboxConfig:
     # Per-call limits (enforced by the kernel in the call's process, not by Python).
@@ -23,8 +37,8 @@ class SandboxConfig:
     max_stdin_bytes: int = 1024 * 1024
 
     # Executors (fork servers) on this node.
-    lean_executors: int = field(default_factory=lambda: os.cpu_count() or 1)
-    warm_executors: int = field(default_factory=lambda: os.cpu_count() or 1)
+    lean_executors: int = field(default_factory=lambda: available_cpus())
+    warm_executors: int = field(default_factory=lambda: available_cpus())
     slots_per_executor: int = 16  # concurrent calls per executor, each with its own uid
     spares_per_executor: int = 1  # call processes forked ahead while idle: lower latency per call
     warm_modules: tuple[str, ...] = ("numpy", "sympy")

@@ -8,10 +8,11 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from urllib.parse import urlsplit
 
 import uvicorn
 
-from rstar.sandbox.client import SandboxUnreachable, check_health
 from rstar.sandbox.config import SandboxConfig
 from rstar.sandbox.server import create_app
 from rstar.sandbox.service import SandboxService
@@ -25,11 +26,26 @@ def serve(
     local: bool = True,
     workers: list[str] = (),
     join: str | None = None,
+    public_url: str | None = None,
     log_level: str = "warning",
 ) -> None:
+    """`public_url`: where the head of `join` reaches this service (default: `advertised_url`)."""
     service = SandboxService(cfg, local=local, remotes=list(workers))
-    app = create_app(service, join=join, public_url=f"http://{host}:{port}")
+    me = public_url or advertised_url(host, port, join)
+    app = create_app(service, join=join, public_url=me)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+
+
+def advertised_url(host: str, port: int, join: str | None = None) -> str:
+    """The URL a head reaches this service at. Bound to one address, that address; bound to
+    every interface (0.0.0.0 or ::), the local address of the route to the head: in a pod, the
+    pod's IP (a head told "0.0.0.0" would call itself)."""
+    if host in ("0.0.0.0", "::", "") and join:
+        head = urlsplit(join)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((head.hostname, head.port or 80))  # UDP: picks the route, sends nothing
+            host = s.getsockname()[0]
+    return f"http://{host}:{port}"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -73,6 +89,7 @@ class SandboxProcess:
         self.proc = subprocess.Popen(
             cmd, env={**os.environ, **(self.env or {})}, start_new_session=True
         )
+        # answering is enough: a head that only dispatches is down (503) until workers join
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -80,15 +97,13 @@ class SandboxProcess:
                     f"sandbox service exited with {self.proc.returncode} during start-up"
                 )
             try:
-                check_health(self.url, timeout_s=1.0)
-                return self
-            except SandboxUnreachable:
+                with urllib.request.urlopen(f"{self.url}/ping", timeout=1.0):
+                    return self
+            except OSError:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise TimeoutError(
-            f"sandbox service on {self.url} not healthy after {self.startup_timeout_s}s"
-        )
+        raise TimeoutError(f"sandbox service on {self.url} not up after {self.startup_timeout_s}s")
 
     def kill(self) -> None:
         """SIGKILL the service process, as a crash would. Its executors see their channel close

@@ -201,7 +201,14 @@ def create_app(
 
     @app.get("/health")
     async def health():
-        return json_response(service.health())
+        # 503 unless calls can run (a live node): readiness probes and an RL stage's pre-check
+        # must not pass a head whose workers are all gone; /ping says the process answers
+        state = service.health()
+        return Response(
+            encode_json(state),
+            media_type="application/json",
+            status_code=200 if state["status"] == "ok" else 503,
+        )
 
     @app.get("/stats")
     async def stats():

@@ -78,6 +78,7 @@ def verl_overrides(
     tokens_per_gpu = 2 * (max_prompt_length + cfg.max_response_tokens)
     return [
         "trainer.use_v1=false",
+        "trainer.balance_batch=true",  # RoC runs inside _balance_batch (rstar.train.verl_trainer)
         "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=false",
         f"data.train_files={train_files}",

@@ -177,6 +177,18 @@ class RoCTaskRunner(BaseTaskRunner):
         trainer.fit()
 
 
+def check_roc_runs(config) -> None:
+    """Refuse a verl config under which RoC would silently not run (all 2G rollouts trained,
+    mini-batches sized for G)."""
+    if config.trainer.use_v1:
+        raise ValueError("rstar's RoC runs in verl's legacy trainer: set trainer.use_v1=false")
+    if not config.trainer.balance_batch:
+        raise ValueError(
+            "rstar's RoC runs inside verl's _balance_batch, which trainer.balance_batch=false "
+            "skips: set trainer.balance_batch=true"
+        )
+
+
 def main(config) -> None:
     """verl's main_ppo (device detection, validate_config before Ray starts, run_ppo) with
     RoCTaskRunner."""
@@ -185,8 +197,7 @@ def main(config) -> None:
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
-    if config.trainer.use_v1:
-        raise ValueError("rstar's RoC runs in verl's legacy trainer: set trainer.use_v1=false")
+    check_roc_runs(config)
     auto_set_device(config)
     validate_config(
         config=config,

@@ -41,6 +41,44 @@ def test_the_sandbox_service_objects_pass_the_kubernetes_schema():
         )
 
 
+def test_sandbox_workers_advertise_their_pod_ip_and_the_head_is_ready_before_they_join(
+    monkeypatch,
+):
+    """A worker binds 0.0.0.0 but must join the head under an address the head can call (its
+    pod IP, from the downward API); the head answers /health 503 until a worker has joined, so
+    its readiness is /ping, else workers could never reach it through its Service."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from rstar.cli import sandbox as sandbox_cli
+    from rstar.sandbox import process
+
+    objects = {o["metadata"]["name"]: o for o in docs("sandbox.yaml") if o["kind"] == "Deployment"}
+    (worker,) = objects["sandbox-worker"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in worker["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    pod = {"POD_IP": "10.1.2.3"}  # Kubernetes expands $(VAR) in a command from the env
+    args = [re.sub(r"\$\((\w+)\)", lambda m: pod[m[1]], a) for a in worker["command"]]
+    assert args[:3] == ["rstar", "sandbox", "serve"]
+    seen = {}
+    monkeypatch.setattr(process, "serve", lambda host, port, cfg, **kw: seen.update(kw, port=port))
+    result = CliRunner().invoke(sandbox_cli.app, ["serve", *args[3:]])
+    assert result.exit_code == 0, result.output
+    assert seen["public_url"] == f"http://10.1.2.3:{seen['port']}"
+    assert seen["port"] == worker["ports"][0]["containerPort"]
+    (head,) = objects["sandbox-head"]["spec"]["template"]["spec"]["containers"]
+    assert head["readinessProbe"]["httpGet"]["path"] == "/ping"
+    assert worker["readinessProbe"]["httpGet"]["path"] == "/health"  # ready when it can run calls
+    # the uid leases live on the node, shared by its worker pods, not in each pod's own /tmp
+    from rstar.sandbox.uids import LOCK_DIR_ENV
+
+    locks = env[LOCK_DIR_ENV]["value"]
+    (mount,) = [m for m in worker["volumeMounts"] if m["mountPath"] == locks]
+    volumes = objects["sandbox-worker"]["spec"]["template"]["spec"]["volumes"]
+    assert next(v for v in volumes if v["name"] == mount["name"])["hostPath"]["path"] == locks
+
+
 def test_the_rayclusters_pod_templates_are_valid_pod_templates():
     (cluster,) = docs("raycluster.yaml")
     assert cluster["kind"] == "RayCluster" and set(cluster["spec"]) <= {

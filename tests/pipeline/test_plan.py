@@ -70,6 +70,13 @@ def test_the_14b_plan_lists_every_stage_and_verl_accepts_every_rl_command():
             "nodes": 8,
             "gpus_per_node": 8,
         }
+    # a full checkpoint (~177 GB) every 10 steps, not after every step: ~9 TB written, not ~90
+    saves = 0
+    for s in verl:
+        cfg = check_verl(s["command"][3:])
+        assert cfg.trainer.save_freq == 10 and cfg.trainer.max_actor_ckpt_to_keep == 1
+        saves += -(-cfg.trainer.total_training_steps // cfg.trainer.save_freq)
+    assert saves * 14.8e9 * 12 / 1e12 < 10
     # mining and evaluation serve the 14B model from 64 vLLM replicas, their drivers hold no GPU
     served = {s["name"]: s for s in stages if s["name"] in ("mine", "evaluate")}
     assert all(

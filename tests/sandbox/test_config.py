@@ -72,3 +72,33 @@ def test_strict_isolation_refuses_a_degraded_executor_that_auto_accepts():
     assert refused.returncode != 0 and "started" not in refused.stdout
     assert "IsolationRefused: sandbox isolation is 'strict'" in refused.stderr
     assert "namespaces unavailable" in refused.stderr.splitlines()[-1]
+
+
+def test_executors_default_to_the_cpus_the_container_may_use(tmp_path):
+    """A pod's CPU limit is a cgroup quota; os.cpu_count() would count the node's cores."""
+    from rstar.sandbox.config import available_cpus
+
+    mine = len(os.sched_getaffinity(0))
+    quota = tmp_path / "cpu.max"
+    quota.write_text("100000 100000\n")  # one CPU's worth
+    assert available_cpus(str(quota)) == 1
+    quota.write_text("max 100000\n")
+    assert available_cpus(str(quota)) == mine
+    assert available_cpus(str(tmp_path / "none")) == mine
+    assert SandboxConfig().lean_executors == available_cpus()
+
+
+def test_uid_leases_live_where_the_environment_says(tmp_path, monkeypatch):
+    """Two containers on one node share its uids: both point RSTAR_SANDBOX_UID_LOCKS at one
+    host directory, and the second lease takes the next block."""
+    from rstar.sandbox.uids import LOCK_DIR_ENV, UidRange
+
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path))
+    first = UidRange.lease(440_000, 16)
+    second = UidRange.lease(440_000, 16)
+    try:
+        assert (first.start, second.start) == (440_000, 441_000)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["440000.lock", "441000.lock"]
+    finally:
+        first.release()
+        second.release()

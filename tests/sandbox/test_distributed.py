@@ -153,3 +153,69 @@ async def test_a_restarted_service_loses_no_call_that_still_has_time():
         assert max(r.attempts for r in results) > 4
     finally:
         second.stop()
+
+
+@pytest.fixture
+def worker_host():
+    """A second host for the test: a network namespace with its own address, linked to this
+    host by a veth pair (10.250.N.1 here, 10.250.N.2 there); removed afterwards."""
+    import subprocess
+
+    n = os.getpid() % 200 + 20
+    ns, here, there = f"rstar-test-{n}", f"rsth{n}", f"rstw{n}"
+    host_ip, worker_ip = f"10.250.{n}.1", f"10.250.{n}.2"
+
+    def ip(*args, netns=None):
+        prefix = ["ip", "netns", "exec", netns] if netns else []
+        subprocess.run([*prefix, "ip", *args], check=True, capture_output=True, timeout=30)
+
+    ip("netns", "add", ns)
+    try:
+        ip("link", "add", here, "type", "veth", "peer", "name", there)
+        ip("link", "set", there, "netns", ns)
+        ip("addr", "add", f"{host_ip}/30", "dev", here)
+        ip("link", "set", here, "up")
+        ip("addr", "add", f"{worker_ip}/30", "dev", there, netns=ns)
+        ip("link", "set", there, "up", netns=ns)
+        ip("link", "set", "lo", "up", netns=ns)
+        yield ns, host_ip, worker_ip
+    finally:
+        subprocess.run(["ip", "link", "del", here], capture_output=True, timeout=30)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+async def test_a_worker_bound_to_every_interface_joins_under_an_address_the_head_can_call(
+    worker_host,
+):
+    """The cluster's layout on two hosts: a head that only dispatches answers /health with 503
+    (and the RL stage's pre-check fails naming it) until a worker bound to 0.0.0.0 on another
+    host joins; the worker is listed under its own address, not 0.0.0.0, and runs the calls."""
+    import subprocess
+    import sys
+
+    from rstar.sandbox.client import SandboxUnreachable, check_health
+
+    ns, host_ip, worker_ip = worker_host
+    with SandboxProcess("--no-local", host=host_ip) as head:
+        down = httpx.get(f"{head.url}/health")
+        assert down.status_code == 503 and down.json()["status"] == "down"
+        with pytest.raises(SandboxUnreachable, match=r"HTTP 503: status down, 0 node\(s\)"):
+            check_health(head.url)
+        command = [sys.executable, "-m", "rstar.cli", "sandbox", "serve", "--host", "0.0.0.0"]
+        command += ["--port", "8081", "--join", head.url, "--executors", "1", "--slots", "2"]
+        command += ["--uid-base", "380000"]
+        worker = subprocess.Popen(["ip", "netns", "exec", ns, *command], start_new_session=True)
+        try:
+            deadline = time.monotonic() + 90
+            while httpx.get(f"{head.url}/health").status_code != 200:
+                assert worker.poll() is None and time.monotonic() < deadline, "no worker joined"
+                time.sleep(0.2)
+            nodes = httpx.get(f"{head.url}/health").json()["nodes"]
+            assert [(n["name"], n["alive"]) for n in nodes] == [(f"http://{worker_ip}:8081", True)]
+            check_health(head.url)
+            async with SandboxClient(head.url) as client:
+                r = await client.run("print(6 * 7)")
+            assert r.status is Status.OK and r.stdout == "42\n"
+        finally:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=30)

@@ -282,6 +282,47 @@ def test_a_verl_stage_with_an_unreachable_sandbox_fails_before_verl_starts(tmp_p
     assert launched == []  # verl never started
 
 
+def test_the_rl_stage_hands_its_mlflow_run_to_verls_ray_job(tiny_dir, tmp_path, monkeypatch):
+    """What the stage gives verl: the MLflow run in the Ray job's environment (see
+    test_verls_logger_on_a_separately_started_ray_sees_the_stages_mlflow_run for why)."""
+    from types import SimpleNamespace
+
+    from rstar.pipeline import stages, verl_stages
+    from rstar.pipeline.config import load_recipe
+    from rstar.pipeline.layout import Layout
+    from rstar.pipeline.records import ModelRef, StageInputs, Stored
+    from rstar.sandbox import client
+
+    recipe = load_recipe(
+        "configs/tiny-verl.yaml",
+        {"storage_root": str(tmp_path / "root"), "sandbox_url": "http://127.0.0.1:9"},
+    )
+    problems = write_table(synth.generate(4, seed=1), str(tmp_path / "p.parquet"), "problems")
+    monkeypatch.setattr(client, "check_health", lambda url: None)
+    launched = []
+
+    def run(cmd, *args):
+        launched.append(cmd)
+        raise InterruptedError  # verl itself is not the point here
+
+    monkeypatch.setattr(verl_stages, "_run", run)
+    log = SimpleNamespace(run_id="r42", tracking_uri="sqlite:////x/mlflow.db")
+    with pytest.raises(InterruptedError):
+        stages.rl(
+            recipe,
+            Layout(recipe.storage_root),
+            StageInputs(model=ModelRef(tiny_dir), problems=Stored(problems)),
+            log,
+            stage="rl1",
+        )
+    (cmd,) = launched
+    assert "++ray_kwargs.ray_init.runtime_env.env_vars.MLFLOW_RUN_ID=r42" in cmd
+    assert (
+        "++ray_kwargs.ray_init.runtime_env.env_vars.MLFLOW_TRACKING_URI=sqlite:////x/mlflow.db"
+        in cmd
+    )
+
+
 def test_verls_training_processes_on_the_cpu_get_the_recipes_threads():
     """Ray starts a task without CPUs of its own on one torch thread; verl's training process is
     such a task (it holds a "GPU" slot), so verl on the CPU trained at half speed on 2 cores."""
@@ -308,3 +349,117 @@ def test_verls_training_processes_on_the_cpu_get_the_recipes_threads():
             [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, timeout=300
         )
         assert f"threads {expected}" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_a_verl_config_that_would_skip_roc_is_refused_before_verl_starts():
+    """RoC lives in verl's _balance_batch, which verl calls only with trainer.balance_batch:
+    the stage pins it, and the entry point refuses a config that turns it (or use_v1) off."""
+    from rstar.train.verl_trainer import check_roc_runs, main
+
+    overrides = verl_overrides(
+        STAGE,
+        model="m",
+        train_files="t",
+        agent_loop_config="a",
+        sandbox_url="s",
+        out_dir="o",
+        n_gpus=8,
+    )
+    assert "trainer.balance_batch=true" in overrides
+    check_roc_runs(compose_verl(overrides))
+    for bad, named in (
+        ("trainer.balance_batch=false", "trainer.balance_batch=true"),
+        ("trainer.use_v1=true", "trainer.use_v1=false"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            main(compose_verl([*overrides, bad]))
+
+
+_ENV_PROBE = """
+import os, sys
+import ray
+from rstar.pipeline.plan import compose_verl
+from verl.trainer.main_ppo import run_ppo
+
+@ray.remote(num_cpus=0)
+class EnvProbe:
+    # in place of verl's task runner, the actor where verl's MLflow logger is created
+    def run(self, config):
+        with open(config.rstar.probe_file, "w") as f:
+            f.write(os.environ.get("MLFLOW_RUN_ID", "-"))
+
+if __name__ == "__main__":
+    run_ppo(compose_verl(sys.argv[1:]), task_runner_class=EnvProbe)
+"""
+
+
+def test_verls_logger_on_a_separately_started_ray_sees_the_stages_mlflow_run(tmp_path):
+    """As on a cluster: a Ray head started apart (`ray start`), and verl's run_ppo joining it
+    from a process whose environment names the stage's MLflow run. Ray's actors do not inherit
+    that environment; the stage's overrides (`ray_job_env`) carry it into the job."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    from rstar.pipeline.verl_stages import ray_job_env
+    from rstar.sandbox.process import free_port
+
+    port = free_port()
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env = {k: v for k, v in env.items() if not k.startswith("MLFLOW_") and k != "RAY_ADDRESS"}
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    # its own temp dir: with the default one the head would become this machine's "current"
+    # cluster, which any plain ray.init() of a later test would join (short: socket paths)
+    temp = tempfile.mkdtemp(prefix="rt-", dir="/tmp")
+    head = subprocess.Popen(
+        [ray_cli, "start", "--head", "--block", "--node-ip-address", "127.0.0.1"]
+        + ["--port", str(port), "--num-cpus", "1", "--include-dashboard", "false"]
+        + ["--object-store-memory", str(100 * 1024**2), "--disable-usage-stats"]
+        + ["--temp-dir", temp],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        overrides = verl_overrides(
+            STAGE,
+            model="m",
+            train_files="t",
+            agent_loop_config="a",
+            sandbox_url="s",
+            out_dir="o",
+            n_gpus=1,
+        )
+        stage_env = {
+            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+            "MLFLOW_RUN_ID": "r1",
+        }
+        # a client of a `ray start` head authenticates with the token it wrote
+        driver_env = {**env, **stage_env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
+        driver_env["RAY_AUTH_MODE"] = "token"
+        seen = {}
+        for name, extra in (("without", []), ("with", ray_job_env(stage_env))):
+            probe = tmp_path / f"{name}.txt"
+            cmd = [sys.executable, "-c", _ENV_PROBE, *overrides, *extra]
+            cmd.append(f"+rstar.probe_file={probe}")
+            deadline = time.monotonic() + 120
+            while True:  # the head may still be starting
+                run = subprocess.run(cmd, env=driver_env, capture_output=True, text=True)
+                if run.returncode == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(2)
+            assert run.returncode == 0, run.stderr[-3000:]
+            seen[name] = probe.read_text()
+        # the driver's environment alone does not reach the actor; the job's does
+        assert seen == {"without": "-", "with": "r1"}
+    finally:
+        # the head's own process group (only what this test started): ray start, its raylet and
+        # GCS; SIGKILL, as `ray start --block` takes long to stop on SIGTERM
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait(timeout=30)
+        shutil.rmtree(temp, ignore_errors=True)
