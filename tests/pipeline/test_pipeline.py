@@ -154,7 +154,8 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     assert [m.step for m in history] == [1, 2, 3]  # per-step trainer metrics
     # rl1 earns reward of both kinds and its updates move the weights: the kill and resume
     # tests below compare something a lost checkpoint would change
-    assert all(0 < m.value < 1 for m in history), [m.value for m in history]
+    # (8 rollouts a step: some step with both outcomes, not necessarily every one)
+    assert any(0 < m.value < 1 for m in history), [m.value for m in history]
     assert _weights(outs["rl1"]) != _weights(outs["sft"])
     assert "curves/rl1_curves.png" in [
         a.path for a in c.list_artifacts(children["rl1"].info.run_id, "curves")

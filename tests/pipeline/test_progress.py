@@ -74,7 +74,16 @@ def test_a_stage_in_a_ray_worker_sends_its_ticks_to_the_driver(tmp_path):
     from rstar.tracking import mlflow_log as ml
     from tests.pipeline.conftest import write_recipe
 
-    recipe = load_recipe(write_recipe(str(tmp_path), "ticks", str(tmp_path / "root")))
+    # a base pretrained here (a few steps), whose ticks the worker sends
+    small_base = {
+        "base.shipped": None,
+        "base.hidden": 32,
+        "base.layers": 1,
+        "base.pretrain_steps": 3,
+        "base.pretrain_batch": 4,
+        "base.pretrain_seq_len": 32,
+    }
+    recipe = load_recipe(write_recipe(str(tmp_path), "ticks", str(tmp_path / "root")), small_base)
     uri = recipe.tracking.tracking_uri
     ticks = []
     try:
