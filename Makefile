@@ -23,7 +23,7 @@ bench: setup
 
 # Mutation testing of RoC, the loss, the reward and the local trainer's update and resume
 # ([tool.mutmut] in pyproject.toml; not in CI: it takes long). Survivors: CONTRIBUTING.md.
+# It resumes where a previous run stopped (state in mutants/; changed functions are re-tested).
 mutate: setup
-	rm -rf mutants
 	RSTAR_TESTS_SFT_DIR=$(CURDIR)/.rstar/tests-sft .venv/bin/mutmut run --max-children 2
 	.venv/bin/mutmut results

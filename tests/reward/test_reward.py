@@ -221,3 +221,24 @@ def test_a_check_arms_no_alarm_in_a_worker_and_works_off_the_main_thread(monkeyp
     worker.start()
     worker.join()
     assert found == [True]
+
+
+def test_an_answer_the_checker_cannot_parse_is_not_equal(monkeypatch):
+    """math-verify raising (a malformed or pathological answer) scores 0, never 1."""
+    import math_verify
+
+    from rstar.reward.verify import symbolic_equal
+
+    def broken(*args, **kwargs):
+        raise ValueError("unparseable")
+
+    monkeypatch.setattr(math_verify, "parse", broken)
+    assert symbolic_equal("\\frac{1}{2}", "0.5") is False
+
+
+def test_score_falls_back_to_any_boxed_answer_unless_told_not_to():
+    from rstar.reward.score import score
+
+    response = "<reason>so it is \\boxed{42}</reason>"  # no <answer> block
+    assert score(response, "42") == 1.0
+    assert score(response, "42", fallback_to_any_boxed=False) == 0.0
