@@ -37,8 +37,8 @@ class SandboxConfig:
     max_stdin_bytes: int = 1024 * 1024
 
     # Executors (fork servers) on this node.
-    lean_executors: int = field(default_factory=lambda: available_cpus())
-    warm_executors: int = field(default_factory=lambda: available_cpus())
+    lean_executors: int = field(default_factory=available_cpus)
+    warm_executors: int = field(default_factory=available_cpus)
     slots_per_executor: int = 16  # concurrent calls per executor, each with its own uid
     spares_per_executor: int = 1  # call processes forked ahead while idle: lower latency per call
     warm_modules: tuple[str, ...] = ("numpy", "sympy")

@@ -26,6 +26,27 @@ class FakeServerManager:
         return TokenOutput(token_ids=ids, log_probs=[-0.25] * len(ids), stop_reason="completed")
 
 
+async def run_in_verl(tokenizer, server, rstar: dict, response_length=200, **sampling):
+    """RStarAgentLoop as verl's agent-loop worker builds it, run on "What is 6*7?" (label 42)."""
+    from rstar.agent.verl_adapter import RStarAgentLoop
+
+    rollout = {"response_length": response_length, "prompt_length": 600}
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}, "rstar": rstar})
+    loop = RStarAgentLoop(
+        trainer_config=verl_agent.DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=None,
+        data_config=verl_agent.DictConfigWrap(OmegaConf.create({})),
+    )
+    return await loop.run(
+        {"temperature": 1.0, **sampling},
+        extra_info={"problem": "What is 6*7?"},
+        reward_model={"ground_truth": "42"},
+    )
+
+
 @pytest.fixture(scope="module")
 def sandbox_url():
     with SandboxProcess("--executors", "1", "--slots", "2", "--uid-base", "420000") as proc:
@@ -41,7 +62,7 @@ async def close_clients():
 
 
 async def test_rstar_agent_loop_in_verl(tokenizer, sandbox_url):
-    from rstar.agent.verl_adapter import RStarAgentLoop, compute_score
+    from rstar.agent.verl_adapter import compute_score
 
     assert verl_agent._agent_loop_registry["rstar_agent"]["_target_"].endswith("RStarAgentLoop")
     call = json.dumps({"name": TOOL_NAME, "arguments": {"code": "print(6*7)", "input": ""}})
@@ -52,24 +73,8 @@ async def test_rstar_agent_loop_in_verl(tokenizer, sandbox_url):
             "<reason>ok</reason>\n<answer>\\boxed{42}</answer>",
         ],
     )
-    config = OmegaConf.create(
-        {
-            "actor_rollout_ref": {"rollout": {"response_length": 200, "prompt_length": 600}},
-            "rstar": {"sandbox_url": sandbox_url, "max_turns": 4},
-        }
-    )
-    loop = RStarAgentLoop(
-        trainer_config=verl_agent.DictConfigWrap(config),
-        server_manager=server,
-        tokenizer=tokenizer,
-        processor=None,
-        dataset_cls=None,
-        data_config=verl_agent.DictConfigWrap(OmegaConf.create({})),
-    )
-    out = await loop.run(
-        {"temperature": 1.0, "top_p": 1.0},
-        extra_info={"problem": "What is 6*7?"},
-        reward_model={"ground_truth": "42"},
+    out = await run_in_verl(
+        tokenizer, server, {"sandbox_url": sandbox_url, "max_turns": 4}, top_p=1.0
     )
     assert isinstance(out, verl_agent.AgentLoopOutput)
     assert out.reward_score == 1.0  # scored in the loop: verl takes it as rm_scores
@@ -108,8 +113,6 @@ async def test_sandbox_tool_for_verls_tool_loop(sandbox_url):
 
 
 async def test_a_call_the_sandbox_never_ran_is_counted_apart_from_code_errors(tokenizer):
-    from rstar.agent.verl_adapter import RStarAgentLoop
-
     call = json.dumps({"name": TOOL_NAME, "arguments": {"code": "print(6*7)", "input": ""}})
     server = FakeServerManager(
         tokenizer,
@@ -118,24 +121,10 @@ async def test_a_call_the_sandbox_never_ran_is_counted_apart_from_code_errors(to
             "<reason>ok</reason>\n<answer>\\boxed{42}</answer>",
         ],
     )
-    config = OmegaConf.create(
-        {
-            "actor_rollout_ref": {"rollout": {"response_length": 200, "prompt_length": 600}},
-            "rstar": {"sandbox_url": "http://127.0.0.1:9", "max_turns": 4, "tool_timeout_s": 1.0},
-        }
-    )
-    loop = RStarAgentLoop(
-        trainer_config=verl_agent.DictConfigWrap(config),
-        server_manager=server,
-        tokenizer=tokenizer,
-        processor=None,
-        dataset_cls=None,
-        data_config=verl_agent.DictConfigWrap(OmegaConf.create({})),
-    )
-    out = await loop.run(
-        {"temperature": 1.0},
-        extra_info={"problem": "What is 6*7?"},
-        reward_model={"ground_truth": "42"},
+    out = await run_in_verl(
+        tokenizer,
+        server,
+        {"sandbox_url": "http://127.0.0.1:9", "max_turns": 4, "tool_timeout_s": 1.0},
     )
     assert (
         out.extra_fields["rstar_num_tool_errors"] == 1
@@ -151,29 +140,13 @@ async def test_a_truncated_rollout_scores_zero_even_with_the_right_answer_in_it(
 ):
     """The paper keeps over-long rollouts with reward 0: a turn cut at the response budget
     after a correct `<answer>` still scores 0 inside verl's agent loop."""
-    from rstar.agent.verl_adapter import RStarAgentLoop, compute_score
+    from rstar.agent.verl_adapter import compute_score
 
     answer = "<reason>ok</reason>\n<answer>\\boxed{42}</answer>"
     budget = len(tokenizer.encode(answer, add_special_tokens=False)) + 5
     server = FakeServerManager(tokenizer, [answer + " and then some more words" * 20])
-    config = OmegaConf.create(
-        {
-            "actor_rollout_ref": {"rollout": {"response_length": budget, "prompt_length": 600}},
-            "rstar": {"sandbox_url": sandbox_url, "max_turns": 4},
-        }
-    )
-    loop = RStarAgentLoop(
-        trainer_config=verl_agent.DictConfigWrap(config),
-        server_manager=server,
-        tokenizer=tokenizer,
-        processor=None,
-        dataset_cls=None,
-        data_config=verl_agent.DictConfigWrap(OmegaConf.create({})),
-    )
-    out = await loop.run(
-        {"temperature": 1.0},
-        extra_info={"problem": "What is 6*7?"},
-        reward_model={"ground_truth": "42"},
+    out = await run_in_verl(
+        tokenizer, server, {"sandbox_url": sandbox_url, "max_turns": 4}, response_length=budget
     )
     text = tokenizer.decode(out.response_ids)
     assert answer in text and len(out.response_ids) == budget  # right, and cut

@@ -72,18 +72,12 @@ def test_a_stage_in_a_ray_worker_sends_its_ticks_to_the_driver(tmp_path):
     from rstar.pipeline.launch import run_job
     from rstar.pipeline.records import StageInputs
     from rstar.tracking import mlflow_log as ml
+    from tests.model.test_shipped import SMALL_BASE
     from tests.pipeline.conftest import write_recipe
 
     # a base pretrained here (a few steps), whose ticks the worker sends
-    small_base = {
-        "base.shipped": None,
-        "base.hidden": 32,
-        "base.layers": 1,
-        "base.pretrain_steps": 3,
-        "base.pretrain_batch": 4,
-        "base.pretrain_seq_len": 32,
-    }
-    recipe = load_recipe(write_recipe(str(tmp_path), "ticks", str(tmp_path / "root")), small_base)
+    path = write_recipe(str(tmp_path), "ticks", str(tmp_path / "root"))
+    recipe = load_recipe(path, {**SMALL_BASE, "base.shipped": None})
     uri = recipe.tracking.tracking_uri
     ticks = []
     try:

@@ -26,6 +26,12 @@ STAGE = StageConfig(
 )
 
 
+def placeholder_overrides(stage: StageConfig = STAGE, **kw) -> list[str]:
+    """`verl_overrides` with placeholder paths, for tests about the rest of the command."""
+    paths = {"model": "m", "train_files": "t", "agent_loop_config": "a", "sandbox_url": "s"}
+    return verl_overrides(stage, **{**paths, "out_dir": "o", "n_gpus": 8, **kw})
+
+
 def test_overrides_compose_and_pass_verls_own_validation(tmp_path):
     from verl.trainer.ppo.reward import get_custom_reward_fn
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -213,30 +219,11 @@ def test_a_fresh_verl_stage_takes_the_previous_stages_optimizer_state_unless_it_
     from rstar.train.verl_trainer import RoCTrainer
 
     previous = "/run/rl1/global_step_300/actor"
-    carry = verl_overrides(
-        STAGE,
-        model="m",
-        train_files="t",
-        agent_loop_config="a",
-        sandbox_url="s",
-        out_dir="o",
-        n_gpus=8,
-        optimizer_from=previous,
-    )
+    carry = placeholder_overrides(optimizer_from=previous)
     assert f"+rstar.optimizer_from={previous}" in carry
     reset = StageConfig(name="rl3", reset_optimizer=True)
     assert not any(
-        "optimizer_from" in o
-        for o in verl_overrides(
-            reset,
-            model="m",
-            train_files="t",
-            agent_loop_config="a",
-            sandbox_url="s",
-            out_dir="o",
-            n_gpus=8,
-            optimizer_from=previous,
-        )
+        "optimizer_from" in o for o in placeholder_overrides(reset, optimizer_from=previous)
     )
     trainer = object.__new__(RoCTrainer)
     trainer.config = OmegaConf.create(
@@ -356,15 +343,7 @@ def test_a_verl_config_that_would_skip_roc_is_refused_before_verl_starts():
     the stage pins it, and the entry point refuses a config that turns it (or use_v1) off."""
     from rstar.train.verl_trainer import check_roc_runs, main
 
-    overrides = verl_overrides(
-        STAGE,
-        model="m",
-        train_files="t",
-        agent_loop_config="a",
-        sandbox_url="s",
-        out_dir="o",
-        n_gpus=8,
-    )
+    overrides = placeholder_overrides()
     assert "trainer.balance_batch=true" in overrides
     check_roc_runs(compose_verl(overrides))
     for bad, named in (
@@ -426,15 +405,7 @@ def test_verls_logger_on_a_separately_started_ray_sees_the_stages_mlflow_run(tmp
         start_new_session=True,
     )
     try:
-        overrides = verl_overrides(
-            STAGE,
-            model="m",
-            train_files="t",
-            agent_loop_config="a",
-            sandbox_url="s",
-            out_dir="o",
-            n_gpus=1,
-        )
+        overrides = placeholder_overrides(n_gpus=1)
         stage_env = {
             "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
             "MLFLOW_RUN_ID": "r1",
