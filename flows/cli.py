@@ -78,7 +78,7 @@ def pipeline_plan(
     import shlex
 
     from rstar.pipeline.config import ConfigError, load_recipe
-    from rstar.pipeline.plan import PlanError, plan
+    from rstar.pipeline.plan import PLACEHOLDERS, PlanError, plan
 
     try:
         # a plan reads no data
@@ -90,8 +90,10 @@ def pipeline_plan(
         typer.echo(f"{config}: {e}", err=True)
         raise typer.Exit(1) from None
     if as_json:
-        print(json.dumps({"stages": stages}, indent=1))
+        print(json.dumps({"stages": stages, "placeholders": PLACEHOLDERS}, indent=1))
         return
+    if any(s["command"] for s in stages):
+        print(f"verl commands below hold placeholders. {PLACEHOLDERS}")
     for s in stages:
         r = s["resources"]
         workers = r.get("verl_workers")
@@ -104,6 +106,8 @@ def pipeline_plan(
             )
             + (f"; {r['replicas']} engine replicas" if "replicas" in r else "")
         )
+        for line in s["gpu_settings"]:
+            print("    GPU settings: " + line)
         if s["command"]:
             print("    " + shlex.join(s["command"]))
 

@@ -15,6 +15,6 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # The CPU build first (pip finds it on this machine's disk), so nothing pulls a CUDA build later.
 .venv/bin/python -m pip install -q -c constraints.txt torch
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,bench]"
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,bench,flows]"
 echo "$want" > "$STAMP"
 echo "environment ready: .venv"

@@ -31,6 +31,9 @@ class Generation:
 
 
 class Engine(Protocol):
+    """Generates one turn. An engine that keeps state per rollout (a scheduler's homes) may also
+    have `finished(rollout_id)`, which the loop calls when the rollout ends."""
+
     async def generate(
         self, request_id: str, prompt_ids: list[int], sampling_params: dict
     ) -> Generation: ...
@@ -179,6 +182,13 @@ class AgentLoop:
         return self.tok.encode(text, add_special_tokens=False)
 
     async def run(self, problem: str, request_id: str) -> Trajectory:
+        try:
+            return await self._turns(problem, request_id)
+        finally:
+            if finished := getattr(self.engine, "finished", None):
+                finished(request_id)
+
+    async def _turns(self, problem: str, request_id: str) -> Trajectory:
         cfg = self.cfg
         traj = Trajectory(request_id, self.prompt_ids(problem))
         texts: list[str] = []

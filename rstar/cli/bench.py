@@ -33,16 +33,32 @@ def bench_peers_command(
 
 def bench_scheduler_command(
     model: str = typer.Option(
-        ..., help="Tiny model directory (HF format) to calibrate and run replicas."
+        None, help="Tiny model directory (HF format) to calibrate and run replicas."
     ),
     out: str = typer.Option("docs/benchmarks.md"),
     rollouts_per_replica: int = typer.Option(
         256, help="the paper: 512 prompts x 32 samples on 64 GPUs"
     ),
     real_rollouts: int = typer.Option(24),
+    fake: bool = typer.Option(
+        False,
+        "--fake",
+        help="Measure the scheduler's own cost instead: one turn of --queue requests over "
+        "--replicas replicas that answer at once.",
+    ),
+    queue: int = typer.Option(336_000, min=1, help="--fake: requests in the turn"),
+    replicas: int = typer.Option(64, min=1, help="--fake: replicas"),
+    in_flight: int = typer.Option(8_192, min=1, help="--fake: requests in flight when streamed"),
 ) -> None:
     """Static split vs KV-aware balanced scheduling: calibrated simulation and a real 2-replica
-    run."""
+    run (--model); or, with --fake, the balanced scheduler's overhead at the recipe's scale."""
+    if fake:
+        from rstar.rollout.overhead import run_overhead_benchmark
+
+        run_overhead_benchmark(queue, replicas, in_flight, out)
+        return
+    if not model:
+        raise typer.BadParameter("give --model (a tiny model directory), or --fake")
     from rstar.rollout.bench import run_scheduler_benchmark
 
     run_scheduler_benchmark(model, out, rollouts_per_replica, real_rollouts)

@@ -28,14 +28,15 @@ def write_table(rows: list[dict] | pa.Table, path: str, schema_name: str) -> str
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
-def read_parquet(path: str) -> pa.Table:
-    """Any Parquet file, local or s3://; a missing or non-Parquet one raises DataError naming it."""
+def read_parquet(path: str, columns: list[str] | None = None) -> pa.Table:
+    """Any Parquet file, local or s3:// (only `columns`, if given); a missing or non-Parquet one
+    raises DataError naming it."""
     fs, inner = filesystem(path)
     if not fs.exists(inner):
         raise DataError(f"{path}: no such file")
     try:
         with fs.open(inner, "rb") as f:
-            return pq.read_table(f)
+            return pq.read_table(f, columns=columns)
     except (pa.ArrowInvalid, OSError) as e:
         raise DataError(f"{path}: not a readable Parquet file ({e})") from None
 

@@ -19,9 +19,14 @@ from rstar.storage import atomic_write_text, dirs, filesystem, is_remote
 
 
 def resumes(recipe: Recipe, stage: str) -> bool:
-    """Whether `stage` continues from checkpoints in its working directory after a retry or a
-    kill: the RL stages, and SFT on verl (the local SFT and the other stages start over)."""
-    return stage in {s.name for s in recipe.rl} or (stage == "sft" and recipe.engine == "verl")
+    """Whether `stage` continues from what its working directory records after a retry or a
+    kill: the RL stages and SFT on verl (from checkpoints), mining (after its last Parquet part);
+    the local SFT and the other stages start over."""
+    return (
+        stage in {s.name for s in recipe.rl}
+        or stage == "mine"
+        or (stage == "sft" and recipe.engine == "verl")
+    )
 
 
 def work_uri(recipe: Recipe, stage: str, inputs: StageInputs) -> str:

@@ -22,6 +22,7 @@ from rstar.data import sft as sft_data
 from rstar.data.curate import SourceSpec
 from rstar.data.sources import column_error
 from rstar.errors import NotRetryable
+from rstar.eval.benchmarks import BENCHMARKS
 from rstar.eval.config import EvalConfig
 from rstar.pipeline.records import StageInputs
 from rstar.pipeline.verdict import Expect
@@ -49,15 +50,19 @@ class Synthetic(_Strict):
 
 
 class ProblemSet(_Strict):
-    """Synthetic problems, or files (Parquet/JSONL, local or s3://, 'path:preset') to curate."""
+    """Synthetic problems, or files (Parquet/JSONL, local or s3://, 'path:preset') to curate;
+    for the held-out set also (or instead) `benchmarks`: name -> a file in the benchmark's
+    public layout, or null for its hub dataset (rstar.eval.benchmarks), taken as published."""
 
     synthetic: Synthetic | None = None
     files: list[str] = []
+    benchmarks: dict[str, str | None] = {}
 
     @model_validator(mode="after")
     def _one(self):
-        if (self.synthetic is None) == (not self.files):
-            raise ValueError("give exactly one of 'synthetic' or 'files'")
+        if (self.synthetic is None) == (not self.files and not self.benchmarks):
+            raise ValueError("give exactly one of 'synthetic' or 'files' (or 'benchmarks')")
+        check_names("benchmark(s)", list(self.benchmarks), BENCHMARKS)
         return self
 
 
@@ -112,12 +117,16 @@ class MineSection(_Strict):
     max_response_tokens: int = 384
     max_turns: int = 4
     temperature: float = 1.0
+    # rollouts sampled at once (whole problems' groups): enough to keep every replica's KV
+    # cache full, and no more, since the driver holds each until its group is written
+    in_flight: int = Field(256, gt=0)
 
 
 class Resources(_Strict):
     cpus: float = 1  # per stage job
     gpus: float = 0  # per stage job (the verl engine: GPUs per node)
     nodes: int = 1  # the verl engine: nodes per RL stage
+    gpu_memory_gb: float = Field(80, gt=0)  # per GPU: sizes verl's settings (train.gpu_sizing)
 
 
 class Retries(_Strict):
@@ -169,6 +178,8 @@ class Recipe(_Strict):
                     f"rl stage {s.name}: mini_batches ({s.mini_batches}) must divide "
                     f"prompts_per_step ({s.prompts_per_step})"
                 )
+        if self.train_problems.benchmarks:
+            raise ValueError("train_problems.benchmarks: benchmarks are for eval_problems only")
         if self.mine.after not in names[:-1]:
             raise ValueError(
                 f"mine.after must name an RL stage before the last ({names[:-1]}), not "
@@ -323,6 +334,9 @@ def _input_files(recipe: Recipe):
     """(where in the recipe, URI, the problem source's spec or None) of every input file."""
     for i, uri in enumerate(recipe.sft.files):
         yield f"sft.files.{i}", uri, None
+    for name, uri in recipe.eval_problems.benchmarks.items():
+        if uri:
+            yield f"eval_problems.benchmarks.{name}", uri, None
     for section in ("train_problems", "eval_problems"):
         for i, text in enumerate(getattr(recipe, section).files):
             spec = SourceSpec.parse(text)

@@ -19,6 +19,8 @@ from rstar.pipeline.config import Recipe
 from rstar.pipeline.layout import Layout
 from rstar.storage import dirs
 
+PLAN_PROMPT_TOKENS = 2048  # the prompt length a plan assumes (the run measures it)
+
 
 class PlanError(NotRetryable, ValueError):
     """A stage verl would refuse; the message names the stage and what verl said."""
@@ -69,8 +71,17 @@ def check_verl_sft(overrides: list[str]):
     return cfg
 
 
+# What the plan's verl commands hold in place of what is known only at run time.
+PLACEHOLDERS = (
+    "RUN in a path: the run's key (recipe and inputs). Model paths: where the stage pulls its "
+    f"input model to. data.max_prompt_length: {PLAN_PROMPT_TOKENS} here, at run time the longest "
+    "prompt of the stage's problems rounded up to 64 (the GPU settings are sized for it again)."
+)
+
+
 def _verl_command(recipe: Recipe, layout: Layout, name: str, before: str) -> list[str] | None:
-    """The verl command stage `name` will run (None for a stage verl does not run), checked."""
+    """The verl command stage `name` will run (None for a stage verl does not run), checked;
+    with the placeholders `PLACEHOLDERS` names."""
     from dataclasses import replace
 
     from rstar.train.verl_launcher import verl_command
@@ -100,6 +111,8 @@ def _verl_command(recipe: Recipe, layout: Layout, name: str, before: str) -> lis
         cmd, check = (
             verl_command(
                 replace(rl, prompt_style=recipe.prompt_style),
+                max_prompt_length=PLAN_PROMPT_TOKENS,
+                gpu=verl_stages.gpu_settings(recipe, rl, PLAN_PROMPT_TOKENS),
                 model=dirs.local_dir(layout.model(before)),
                 train_files=f"{work}/verl_train.parquet",
                 val_files=f"{work}/verl_val.parquet",
@@ -147,5 +160,22 @@ def plan(recipe: Recipe) -> list[dict]:
                 "nodes": recipe.resources.nodes,
                 "gpus_per_node": recipe.resources.gpus,
             }
-        stages.append({"name": name, "engine": engine, "resources": resources, "command": command})
+        rl = next((s for s in recipe.rl if s.name == name), None)
+        gpu = verl_stages.gpu_settings(recipe, rl, PLAN_PROMPT_TOKENS) if rl and command else None
+        stages.append(
+            {
+                "name": name,
+                "engine": engine,
+                "resources": resources,
+                "command": command,
+                "gpu_settings": (
+                    [
+                        *gpu.lines(),
+                        gpu.checkpoint_volume(rl.steps, rl.checkpoint_every, rl.checkpoints_kept),
+                    ]
+                    if gpu
+                    else []
+                ),
+            }
+        )
     return stages

@@ -61,7 +61,7 @@ class StageOutput:
     metrics: dict = field(default_factory=dict)  # headline figures, shown in the stage's summary
     model: ModelRef | None = None  # the stages that make a model
     datasets: dict[str, Stored] = field(default_factory=dict)  # problems: train, eval; mining: hard
-    trajectories: str | None = None  # RL stages: every step's rollouts (Parquet)
+    trajectories: str | None = None  # RL stages, mining: their rollouts (Parquet)
     report: str | None = None  # evaluation: the report's directory
     evaluation: Evaluation | None = None
     mlflow_run_id: str | None = None  # set by the stage's task

@@ -114,10 +114,13 @@ def _copy_base(path: str, out: str) -> None:
 # -- data --------------------------------------------------------------------------------------
 def problems(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput:
     """Training and held-out problems (synthetic, or curated from files, decontaminated
-    against the held-out set)."""
+    against the held-out set). Held-out benchmarks are kept as published, answers of any form
+    (MATH-500's expressions, GPQA's letters, scored by math-verify): only unreadable, duplicate
+    and over-long rows go; the integer-answer filter is for training problems."""
     from rstar.data import synth
-    from rstar.data.curate import SourceSpec, curate, write_report
+    from rstar.data.curate import CurationConfig, SourceSpec, curate, write_report
     from rstar.data.io import read_table, write_table
+    from rstar.eval.benchmarks import load_benchmark
 
     made: dict[str, Stored] = {}
     rows_kept = {}
@@ -139,14 +142,20 @@ def problems(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
             write_table(rows, path, "problems")
             rows_kept[name] = len(rows)
         else:
-            report = curate(
-                [SourceSpec.parse(f) for f in spec.files],
-                path,
-                layout.dataset(f"{name}_rejects"),
-                eval_problems=held_out,
-            )
-            write_report(report, layout.reports(f"curation_{name}.json"))
-            rows_kept[name] = report.kept
+            if spec.files:
+                report = curate(
+                    [SourceSpec.parse(f) for f in spec.files],
+                    path,
+                    layout.dataset(f"{name}_rejects"),
+                    eval_problems=held_out,
+                    cfg=CurationConfig(integer_only=name == "train"),
+                )
+                write_report(report, layout.reports(f"curation_{name}.json"))
+            rows = read_table(path, "problems").to_pylist() if spec.files else []
+            if spec.benchmarks:  # held out, as published (rstar.eval.benchmarks)
+                rows += [r for b, src in spec.benchmarks.items() for r in load_benchmark(b, src)]
+                write_table(rows, path, "problems")
+            rows_kept[name] = len(rows)
         made[name] = Stored(path, digest(path))
     for name in ("train", "eval"):
         log.dataset(made[name].uri, f"{name}_problems", made[name].digest, context="output")
@@ -322,12 +331,16 @@ def _rollout_clock(label: str, rollouts: int) -> StepClock:
 
 
 def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput:
-    """Problems the given policy does not solve k/k: the training set of the last stage."""
+    """Problems the given policy does not solve k/k: the training set of the last stage. Its
+    rollouts stream to Parquet parts as they finish (rstar.rollout.runner.rollout_parts), so
+    the driver holds only those running, and a retry resumes after the last part written."""
     from rstar.agent.loop import LoopConfig
     from rstar.data.io import read_table, write_json, write_table
     from rstar.data.mine import mine_hard
+    from rstar.reward.score import BatchScorer
     from rstar.rollout.open import open_agent_loop
-    from rstar.rollout.runner import rollout
+    from rstar.rollout.runner import read_parts, rollout_parts
+    from rstar.storage import atomic_write_text
 
     spec = recipe.mine
     rows = read_table(inputs.problems.uri, "problems").to_pylist()[: spec.problems]
@@ -337,21 +350,45 @@ def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
         temperature=spec.temperature,
         prompt_style=recipe.prompt_style,
     )
-
+    # parts on storage belong to this policy and these problems only if this run's working
+    # directory (keyed by both) says it started them; otherwise they are another run's
+    _, work = cache.work_dir(recipe, "mine", inputs)
+    parts = layout.trajectories("mine")
+    fs, started = filesystem(f"{work}/started")
+    if not fs.exists(started):
+        fs_parts, path = filesystem(parts)
+        if fs_parts.exists(path):
+            fs_parts.rm(path, recursive=True)
+        atomic_write_text(f"{work}/started", parts)
     clock = _rollout_clock("mine", len(rows) * spec.k)
 
-    async def main():
+    async def main() -> int:
         async with open_agent_loop(
             dirs.pull(inputs.model.uri), loop_cfg, **serving(recipe)
         ) as loop:
-            return await rollout(loop, rows, spec.k, stage="mine", progress=clock.advance)
+            with BatchScorer() as scorer:
+                return await rollout_parts(
+                    loop,
+                    rows,
+                    spec.k,
+                    parts,
+                    scorer=scorer,
+                    in_flight=spec.in_flight,
+                    stage="mine",
+                    progress=clock.advance,
+                )
 
-    hard, report = mine_hard(rows, asyncio.run(main()), k=spec.k)
+    sampled = asyncio.run(main())
+    log.tag("rstar.started_as", "fresh" if sampled == len(rows) else "resumed")
+    hard, report = mine_hard(rows, read_parts(parts, ["problem_id", "reward"]), k=spec.k)
     path = write_table(hard, layout.dataset("hard_problems"), "hard_problems")
     write_json(report.to_dict(), layout.reports("mining.json"))
     made = Stored(path, digest(path))
     log.dataset(path, "hard_problems", made.digest, context="output")
-    return StageOutput("mine", report.to_dict(), datasets={"hard_problems": made})
+    log.dataset(parts, "mine_trajectories", digest(parts), context="output")
+    return StageOutput(
+        "mine", report.to_dict(), datasets={"hard_problems": made}, trajectories=parts
+    )
 
 
 def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput:

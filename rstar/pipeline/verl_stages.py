@@ -36,6 +36,24 @@ def gpus_per_node(recipe: Recipe) -> int:
     return int(recipe.resources.gpus) or 1
 
 
+def gpu_settings(recipe: Recipe, rl, prompt_tokens: int):
+    """The GPU settings an RL stage gets (rstar.train.gpu_sizing), for the recipe's base model
+    (what `rstar pipeline plan` shows before any model exists); None on the CPU."""
+    from rstar.errors import NotRetryable
+    from rstar.train.gpu_sizing import ModelShape, size
+
+    if device(recipe) == "cpu":
+        return None
+    shape = ModelShape.of(recipe.base.path or "")
+    if shape is None:
+        raise NotRetryable(
+            f"cannot size stage {rl.name}'s GPU settings: base {recipe.base.path!r} is neither a "
+            "directory with a config.json nor a model rstar.train.gpu_sizing knows"
+        )
+    gpus = gpus_per_node(recipe) * recipe.resources.nodes
+    return size(shape, recipe.resources.gpu_memory_gb, gpus, prompt_tokens + rl.max_response_tokens)
+
+
 def sft(recipe: Recipe, inputs: StageInputs, log, cfg, data: str) -> str:
     """verl's Ray SFT trainer (rstar.train.verl_sft) on the chats in `data`; returns the merged
     model's directory. verl resumes from its checkpoint of the last finished epoch."""
@@ -89,6 +107,7 @@ def rl(recipe: Recipe, inputs: StageInputs, log, cfg, work: str) -> str:
             experiment=recipe.tracking.experiment,
             optimizer_from=optimizer_from,
             device=device(recipe),
+            gpu=lambda prompt_tokens: gpu_settings(recipe, cfg, prompt_tokens),
         )
         cmd += ray_job_env(mlflow_env(log))
         actor = os.path.join(work, f"global_step_{cfg.steps}", "actor")

@@ -18,6 +18,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from rstar.agent.loop import AgentLoop, LoopConfig
 
+VLLM_CHUNK_TOKENS = 2048
+
 
 async def _replicas(
     stack: AsyncExitStack,
@@ -49,7 +51,14 @@ async def _replicas(
     stack.callback(lambda: [ray.kill(r.actor) for r in reps])
     if scheduler == "static":
         return StaticScheduler(reps)
-    return BalancedScheduler(reps, [await r.kv_capacity_tokens() for r in reps])
+    # vLLM: a turn in chunks, each reserving its context plus VLLM_CHUNK_TOKENS rather than the
+    # whole budget (30K tokens in evaluation: a handful of requests would fill a replica); the
+    # prefix cache makes each continuation's prefill cheap
+    return BalancedScheduler(
+        reps,
+        [await r.kv_capacity_tokens() for r in reps],
+        chunk_tokens=VLLM_CHUNK_TOKENS if kind == "vllm" else None,
+    )
 
 
 def _in_process(stack: AsyncExitStack, model_dir: str, kind: str, seed: int, max_batch: int):

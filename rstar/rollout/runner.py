@@ -5,37 +5,94 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import TypeVar
 
 from rstar.agent.loop import AgentLoop, Trajectory
 from rstar.reward.extract import extract_answer
 from rstar.reward.score import BatchScorer, ScoreItem
 from rstar.sandbox.result import Status
+from rstar.storage import filesystem
+
+T, R = TypeVar("T"), TypeVar("R")
+_END = object()
 
 
-async def sample(
+async def stream(
     loop: AgentLoop,
-    problems: list[dict],
+    problems: Iterable[dict],
     k: int,
     *,
+    in_flight: int | None = None,
     stage: str = "rollout",
     policy_step: int = 0,
     progress: Callable[[int], None] | None = None,
     seed_key: str | None = None,
-) -> list[tuple[dict, int, Trajectory]]:
-    """`k` trajectories of every problem (rows of the problems schema), unscored. Each request's
+) -> AsyncIterator[list[tuple[dict, int, Trajectory]]]:
+    """`k` trajectories of every problem (rows of the problems schema), unscored, one problem's
+    group at a time as it finishes, with at most `in_flight` rollouts running (rounded up to
+    whole groups; None: all at once), so a long run holds only what is running. Each request's
     id seeds its sampling (rstar.rollout.hf_engine): `seed_key` (default: the stage), the
     policy step, the problem and the sample index."""
 
-    async def one(problem: dict, i: int):
+    async def one(problem: dict, i: int) -> Trajectory:
         traj = await loop.run(
             problem["problem"], f"{seed_key or stage}/{policy_step}/{problem['id']}/{i}"
         )
         if progress:
             progress(1)
-        return problem, i, traj
+        return traj
 
-    return await asyncio.gather(*(one(p, i) for p in problems for i in range(k)))
+    async def group(problem: dict) -> list[tuple[dict, int, Trajectory]]:
+        trajs = await asyncio.gather(*(one(problem, i) for i in range(k)))
+        return [(problem, i, t) for i, t in enumerate(trajs)]
+
+    groups = max(1, -(-in_flight // k)) if in_flight else None
+    async for done in as_finished(group, problems, groups):
+        yield done
+
+
+async def as_finished(
+    make: Callable[[T], Awaitable[R]], items: Iterable[T], limit: int | None
+) -> AsyncIterator[R]:
+    """`make(item)` for every item, at most `limit` running at once (None: all), results as
+    they finish; items are drawn only as room frees, so a long iterable is never held whole."""
+    todo = iter(items)
+    running: set[asyncio.Task] = set()
+    finished: asyncio.Queue[asyncio.Task] = asyncio.Queue()  # O(1) per task, however many run
+
+    def settle(task: asyncio.Task) -> None:
+        running.discard(task)
+        finished.put_nowait(task)
+
+    outstanding = 0  # started and not yet yielded
+    try:
+        while True:
+            while limit is None or outstanding < limit:
+                item = next(todo, _END)
+                if item is _END:
+                    break
+                task = asyncio.ensure_future(make(item))
+                task.add_done_callback(settle)
+                running.add(task)
+                outstanding += 1
+            if not outstanding:
+                return
+            task = await finished.get()
+            outstanding -= 1
+            yield task.result()
+    finally:  # an error, or the caller stopped reading: nothing keeps running behind it
+        for task in list(running):
+            task.cancel()
+
+
+async def sample(
+    loop: AgentLoop, problems: list[dict], k: int, **kw
+) -> list[tuple[dict, int, Trajectory]]:
+    """All of `stream`'s trajectories, in the order of `problems`."""
+    order = {id(p): n for n, p in enumerate(problems)}
+    out = [s async for g in stream(loop, problems, k, **kw) for s in g]
+    return sorted(out, key=lambda s: (order[id(s[0])], s[1]))
 
 
 async def score(
@@ -95,6 +152,67 @@ async def rollout(
     finally:
         if own:
             scorer.close()
+
+
+def _parts(out_dir: str) -> list[str]:
+    fs, path = filesystem(out_dir)
+    if not fs.exists(path):
+        return []
+    names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
+    return [f"{out_dir}/{n}" for n in names if n.startswith("part-") and n.endswith(".parquet")]
+
+
+def read_parts(out_dir: str, columns: list[str]) -> Iterator[dict]:
+    """Rows (only `columns`) of the parts `rollout_parts` wrote, part by part."""
+    from rstar.data.io import read_parquet
+
+    for part in _parts(out_dir):
+        yield from read_parquet(part, columns).to_pylist()
+
+
+async def rollout_parts(
+    loop: AgentLoop,
+    problems: list[dict],
+    k: int,
+    out_dir: str,
+    *,
+    scorer: BatchScorer,
+    in_flight: int,
+    part_rollouts: int = 1024,
+    stage: str = "rollout",
+    policy_step: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """`rollout` for runs too large to hold: `k` scored rollouts of every problem, written to
+    `out_dir` (local or remote) as they finish, in Parquet parts of whole groups of about
+    `part_rollouts` rows, each written atomically, with at most `in_flight` rollouts running.
+    Problems already in `out_dir`'s parts are skipped, so an interrupted run resumes where it
+    stopped. Returns the number of problems sampled now."""
+    from rstar.data.io import write_table
+
+    done = {r["problem_id"] for r in read_parts(out_dir, ["problem_id"])}
+    todo = [p for p in problems if p["id"] not in done]
+    if progress and len(todo) < len(problems):
+        progress((len(problems) - len(todo)) * k)
+    number = len(_parts(out_dir))
+    part: list[tuple[dict, int, Trajectory]] = []
+
+    async def flush() -> None:
+        nonlocal number, part
+        number += 1
+        rows = await score(loop, part, scorer, stage=stage, policy_step=policy_step)
+        write_table(rows, f"{out_dir}/part-{number:05d}.parquet", "trajectories")
+        part = []
+
+    async for group in stream(
+        loop, todo, k, in_flight=in_flight, stage=stage, policy_step=policy_step, progress=progress
+    ):
+        part += group
+        if len(part) >= part_rollouts:
+            await flush()
+    if part:
+        await flush()
+    return len(todo)
 
 
 def tool_error_rate(records: list[dict]) -> float:

@@ -123,8 +123,14 @@ class BalancedScheduler:
             else [capacity_tokens] * len(engines)
         )
         self.replicas = [ReplicaSlot(e, c) for e, c in zip(engines, caps)]
-        self.queue: collections.deque[_Request] = collections.deque()
-        self.home: dict[str, int] = {}
+        self.largest = max(caps)
+        # Two queues, so an event costs the same however many new rollouts wait: `waiting` holds
+        # the requests of rollouts in progress (scanned at every event; they are few, bounded by
+        # the rollouts in progress), `fresh` the first requests of new rollouts, first come
+        # first served (only its head is looked at).
+        self.waiting: list[_Request] = []
+        self.fresh: collections.deque[_Request] = collections.deque()
+        self.home: dict[str, int] = {}  # rollout in progress -> the replica holding its prefix
         self.max_attempts = max_attempts
         self.chunk_tokens = chunk_tokens
         self.requeued = 0
@@ -159,10 +165,10 @@ class BalancedScheduler:
         self, request_id: str, prompt_ids: list[int], sampling_params: dict
     ) -> Generation:
         need = len(prompt_ids) + int(sampling_params["max_tokens"])
-        if need > max(r.capacity for r in self.replicas):
+        if need > self.largest:
             raise ValueError(
                 f"request {request_id} needs {need} KV tokens; the largest replica holds "
-                f"{max(r.capacity for r in self.replicas)}"
+                f"{self.largest}"
             )
         req = _Request(
             request_id,
@@ -171,40 +177,37 @@ class BalancedScheduler:
             need,
             asyncio.get_running_loop().create_future(),
         )
-        self.queue.append(req)
+        (self.waiting if rollout_of(request_id) in self.home else self.fresh).append(req)
         self._dispatch()
         return await req.future
 
+    def finished(self, rollout: str) -> None:
+        """The rollout has ended: forget its home (called by the agent loop), so a long run's
+        memory does not grow with the rollouts it has served."""
+        self.home.pop(rollout, None)
+
     def _dispatch(self) -> None:
-        resumed, fresh = [], []  # in arrival order
-        for req in self.queue:
-            rollout = rollout_of(req.request_id)
-            if rollout in self.home:
-                home = self.home[rollout]
-                if self.replicas[home].capacity < req.need:
-                    home = (
-                        None  # it outgrew that replica altogether: waiting there would be forever
-                    )
-                resumed.append((req, home))
-            else:
-                fresh.append(req)
+        resumed = []
+        for req in self.waiting:
+            home = self.home.get(rollout_of(req.request_id))
+            if home is not None and self.replicas[home].capacity < req.need:
+                home = None  # it outgrew that replica altogether: waiting there would be forever
+            resumed.append(home)
         homes, new = plan_dispatch(
             [r.free for r in self.replicas],
             [r.alive for r in self.replicas],
-            [(req.need, home) for req, home in resumed],
-            [req.need for req in fresh],
+            [(req.need, home) for req, home in zip(self.waiting, resumed)],
+            (req.need for req in self.fresh),  # consumed only as far as it places
         )
-        placed = [(req, i) for (req, _), i in zip(resumed, homes) if i is not None] + list(
-            zip(fresh, new)
-        )
-        self.queue = collections.deque(
-            [req for (req, _), i in zip(resumed, homes) if i is None] + fresh[len(new) :]
-        )
+        placed = [(req, i) for req, i in zip(self.waiting, homes) if i is not None]
+        self.waiting = [req for req, i in zip(self.waiting, homes) if i is None]
+        placed += [(self.fresh.popleft(), i) for i in new]
         for req, i in placed:
             self._start(i, req)
-        if self.queue and not any(r.alive for r in self.replicas):
-            while self.queue:
-                self.queue.popleft().future.set_exception(ReplicaLost("no replica is alive"))
+        if (self.waiting or self.fresh) and not any(r.alive for r in self.replicas):
+            for req in [*self.waiting, *self.fresh]:
+                req.future.set_exception(ReplicaLost("no replica is alive"))
+            self.waiting, self.fresh = [], collections.deque()
 
     def _start(self, i: int, req: _Request) -> None:
         rep = self.replicas[i]
@@ -225,7 +228,7 @@ class BalancedScheduler:
                 req.future.set_exception(ReplicaLost(f"{req.request_id}: {e!r}"))
             else:
                 self.requeued += 1
-                self.queue.appendleft(req)
+                self.waiting.insert(0, req)
         else:
             rep.served += 1
             req.future.set_result(gen)

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 from rstar.agent.format import problem_messages
 from rstar.data.io import read_table
 from rstar.train.config import StageConfig
+from rstar.train.gpu_sizing import GPUSettings
 
 # FSDP computes in bfloat16 unless told otherwise: on a CPU without bfloat16 matrix units that
 # made verl's SFT steps here 5x slower (12.3 s against 2.5 s a step, the same batches)
@@ -56,6 +58,7 @@ def verl_overrides(
     router_config: str | None = None,
     optimizer_from: str | None = None,
     device: str = "gpu",
+    gpu: GPUSettings | None = None,
 ) -> list[str]:
     """Hydra overrides for verl's main_ppo that reproduce `cfg` (paper defaults otherwise).
 
@@ -65,8 +68,9 @@ def verl_overrides(
     never. Metrics go to the console and to MLflow (the run named by MLFLOW_RUN_ID, the
     stage's own, when the launcher sets it). `router_config`: the KV-balanced load balancer's
     YAML (rstar.rollout.verl_router); `optimizer_from`: the previous stage's actor checkpoint,
-    whose optimizer state this stage takes over (`reset_optimizer: false`). `device="cpu"`: verl
-    on this machine's CPU (`cpu_overrides`)."""
+    whose optimizer state this stage takes over (`reset_optimizer: false`). `gpu`: the GPU
+    settings sized for this stage (rstar.train.gpu_sizing); `device="cpu"`: verl on this
+    machine's CPU (`cpu_overrides`)."""
     if cfg.roc.mode == "released":
         raise ValueError(
             f"{cfg.name}: roc.mode 'released' drops whole groups, which verl's equal data-parallel "
@@ -75,7 +79,12 @@ def verl_overrides(
     reward_file = os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "agent", "verl_adapter.py"
     )
-    tokens_per_gpu = 2 * (max_prompt_length + cfg.max_response_tokens)
+    # micro-batches by tokens: on GPUs sized to memory, else two whole sequences
+    tokens_per_gpu = (
+        gpu.micro_batch_tokens
+        if gpu and device != "cpu"
+        else 2 * (max_prompt_length + cfg.max_response_tokens)
+    )
     return [
         "trainer.use_v1=false",
         "trainer.balance_batch=true",  # RoC runs inside _balance_batch (rstar.train.verl_trainer)
@@ -141,27 +150,32 @@ def verl_overrides(
             if optimizer_from and not cfg.reset_optimizer
             else []
         ),
+        # FSDP2 on every device: the strategy CI trains with (verl's default is FSDP1, which
+        # the CPU cannot run), so the GPU path runs the code the tests ran
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.ref.strategy=fsdp2",
+        # PyTorch's own attention, padded: flash-attn (verl's default, and what removing the
+        # padding needs) has no wheel for this torch; docs/cluster.md, what only a GPU can show
+        "actor_rollout_ref.model.use_remove_padding=false",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         *(cpu_overrides(n_gpus * nodes) if device == "cpu" else []),
+        *(gpu.overrides() if gpu and device != "cpu" else []),
     ]
 
 
 def cpu_overrides(processes: int) -> list[str]:
-    """verl's trainer on the CPU (rstar.train.verl_cpu): FSDP2 in float32 with PyTorch's own
-    attention, the HF engine as rollout replica, no torch.compile, one agent-loop worker and
-    `processes` training processes (Ray slots, see verl_cpu)."""
+    """verl's trainer on the CPU (rstar.train.verl_cpu): FSDP2 in float32, the HF engine as
+    rollout replica, no torch.compile, one agent-loop worker and `processes` training processes
+    (Ray slots, see verl_cpu)."""
     actor = "actor_rollout_ref.actor"
     return [
         "trainer.device=cpu",
         "actor_rollout_ref.rollout.name=hf",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        f"{actor}.strategy=fsdp2",
-        "actor_rollout_ref.ref.strategy=fsdp2",
         f"{actor}.fsdp_config.dtype=float32",
         f"+{actor}.fsdp_config.mixed_precision={FP32}",
         f"{actor}.use_torch_compile=false",
         f"{actor}.fsdp_config.use_torch_compile=false",
-        "actor_rollout_ref.model.use_remove_padding=false",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         "actor_rollout_ref.rollout.agent.num_workers=1",
         "data.dataloader_num_workers=0",
         # Ray's CPU count is logical here: verl's task runner, each training process's bundle
@@ -229,11 +243,14 @@ def build_verl_run(
     kv_cache_tokens: int | None = None,
     optimizer_from: str | None = None,
     device: str = "gpu",
+    gpu: Callable[[int], GPUSettings] | None = None,
 ) -> list[str]:
     """Write verl's dataset files (training, and validation from `val_problems`), agent-loop file
     and load-balancer file (`kv_cache_tokens` per replica, if known) under `out_dir`; return the
     command to run. With the model on local disk, prompts are padded to the longest the agent
-    loop will build for these problems (else to 2,048 tokens)."""
+    loop will build for these problems (else to 2,048 tokens). `gpu`: the GPU settings for a
+    prompt length (rstar.train.gpu_sizing); the balancer then caps each replica at the KV cache
+    they leave it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -253,6 +270,10 @@ def build_verl_run(
     longest = (
         longest_prompt(model, problem_texts, cfg.prompt_style) if os.path.isdir(model) else None
     )
+    prompt_tokens = -(-longest // 64) * 64 if longest else 2048
+    settings = gpu(prompt_tokens) if gpu and device != "cpu" else None
+    if settings:
+        kv_cache_tokens = kv_cache_tokens or settings.kv_tokens_per_replica
     agent_cfg = os.path.join(out_dir, "agent_loops.yaml")
     with open(agent_cfg, "w") as f:
         f.write("- name: rstar_agent\n  _target_: rstar.agent.verl_adapter.RStarAgentLoop\n")
@@ -276,7 +297,8 @@ def build_verl_run(
         router_config=router,
         optimizer_from=optimizer_from,
         device=device,
-        max_prompt_length=-(-longest // 64) * 64 if longest else 2048,
+        max_prompt_length=prompt_tokens,
+        gpu=settings,
     )
 
 

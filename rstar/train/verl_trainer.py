@@ -13,7 +13,9 @@ nothing else of verl's step. So this module subclasses the legacy trainer:
   tool-error rate in correct trajectories sampled and kept), then verl balances what is left;
 - `_update_actor`: PPO mini-batches are `ppo_mini_batch_size` prompts of the *kept* group size;
 - `_load_checkpoint`: a stage that starts fresh but names `rstar.optimizer_from` (the previous
-  stage's last actor checkpoint) takes its optimizer moments over (`reset_optimizer: false`).
+  stage's last actor checkpoint) takes its optimizer moments over (`reset_optimizer: false`),
+  and only those: not the previous stage's learning-rate schedule or RNG, so its own warm-up
+  runs.
 
 Everything else (workers, FSDP, rollout replicas, advantages, loss, checkpoints, loggers) is
 verl's. `main` is verl's `main_ppo` entry with this trainer in place of the legacy one.
@@ -22,6 +24,7 @@ verl's. `main` is verl's `main_ppo` entry with this trainer in place of the lega
 from __future__ import annotations
 
 import logging
+import os
 import random
 from contextlib import contextmanager
 
@@ -137,8 +140,31 @@ class RoCTrainer(RayPPOTrainer):
         source = self.config.rstar.get("optimizer_from")
         if step == 0 and source:
             log.info("[rstar] optimizer state from the previous stage: %s", source)
-            self.actor_rollout_wg.load_checkpoint(source, del_local_after_load=False)
+            view = os.path.join(self.config.trainer.default_local_dir, "optimizer_from")
+            self.actor_rollout_wg.load_checkpoint(
+                optimizer_only(source, view), del_local_after_load=False
+            )
         return step
+
+
+def optimizer_only(source: str, view: str) -> str:
+    """`view`: actor checkpoint `source` as verl's `load_checkpoint` should read it when a stage
+    carries the previous one's optimizer over. verl loads weights, optimizer and "extra" state
+    together; the extra state holds the previous stage's learning-rate scheduler (past its
+    warm-up) and RNG. The view links the weight and optimizer shards (the weights are those
+    the stage starts from anyway) and puts extra-state files with neither, which verl skips."""
+    import torch
+
+    os.makedirs(view, exist_ok=True)
+    for name in os.listdir(source):
+        target = os.path.join(view, name)
+        if name.startswith("extra_state_"):
+            torch.save({"lr_scheduler": None}, target)
+        elif name.startswith(("model_world_size_", "optim_world_size_")) and not os.path.lexists(
+            target
+        ):
+            os.symlink(os.path.join(source, name), target)
+    return view
 
 
 @ray.remote

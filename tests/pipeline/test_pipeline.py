@@ -124,6 +124,15 @@ def _check_trajectories(recipe, outs):
             assert len(rows) == s.prompts_per_step * s.roc.group_size * s.roc.oversample
             assert len({(r["group_id"], r["sample_index"]) for r in rows}) == len(rows)
             assert {r["stage"] for r in rows} == {s.name}
+    # mining's, streamed to parts: every problem mined, k rollouts each, each once
+    fs, root = filesystem(outs["mine"].trajectories)
+    remote = "s3://" if outs["mine"].trajectories.startswith("s3://") else ""
+    parts = [remote + p for p in sorted(fs.ls(root))]
+    assert parts and all(p.rsplit("/", 1)[-1].startswith("part-") for p in parts)
+    rows = [r for p in parts for r in read_table(p, "trajectories").to_pylist()]
+    assert len(rows) == len({(r["group_id"], r["sample_index"]) for r in rows})
+    assert len(rows) == recipe.mine.problems * recipe.mine.k
+    assert {r["stage"] for r in rows} == {"mine"}
 
 
 def test_pipeline_end_to_end_on_local_storage(finished_local):
@@ -436,10 +445,8 @@ def test_a_pipeline_killed_mid_stage_is_reconciled_and_continued_by_the_next_run
     _check_trajectories(
         recipe,
         {
-            s.name: StageOutput(
-                s.name, trajectories=Layout(recipe.storage_root).trajectories(s.name)
-            )
-            for s in recipe.rl
+            name: StageOutput(name, trajectories=Layout(recipe.storage_root).trajectories(name))
+            for name in [s.name for s in recipe.rl] + ["mine"]
         },
     )
     # rl1 resumed to the model the uninterrupted run trained (same recipe but for names)

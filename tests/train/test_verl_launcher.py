@@ -214,34 +214,55 @@ def test_ppo_mini_batches_count_the_kept_group_not_the_sampled_one():
 def test_a_fresh_verl_stage_takes_the_previous_stages_optimizer_state_unless_it_resets(tmp_path):
     from types import SimpleNamespace
 
+    import torch
     from omegaconf import OmegaConf
 
     from rstar.train.verl_trainer import RoCTrainer
 
-    previous = "/run/rl1/global_step_300/actor"
-    carry = placeholder_overrides(optimizer_from=previous)
+    previous = tmp_path / "rl1" / "global_step_300" / "actor"
+    previous.mkdir(parents=True)
+    for rank in range(2):
+        for part in ("model", "optim"):
+            torch.save({part: rank}, previous / f"{part}_world_size_2_rank_{rank}.pt")
+        torch.save(
+            {"lr_scheduler": {"last_epoch": 300}, "rng": "rl1's"},
+            previous / f"extra_state_world_size_2_rank_{rank}.pt",
+        )
+    carry = placeholder_overrides(optimizer_from=str(previous))
     assert f"+rstar.optimizer_from={previous}" in carry
     reset = StageConfig(name="rl3", reset_optimizer=True)
     assert not any(
-        "optimizer_from" in o for o in placeholder_overrides(reset, optimizer_from=previous)
+        "optimizer_from" in o for o in placeholder_overrides(reset, optimizer_from=str(previous))
     )
     trainer = object.__new__(RoCTrainer)
+    work = tmp_path / "rl2"
     trainer.config = OmegaConf.create(
         {
             "trainer": {
                 "resume_mode": "auto",
                 "default_hdfs_dir": None,
-                "default_local_dir": str(tmp_path),
+                "default_local_dir": str(work),
             },
-            "rstar": {"optimizer_from": previous},
+            "rstar": {"optimizer_from": str(previous)},
         }
     )
     loaded = []
     trainer.actor_rollout_wg = SimpleNamespace(
         load_checkpoint=lambda path, del_local_after_load: loaded.append(path)
     )
-    # no checkpoint of its own: a fresh start
-    assert trainer._load_checkpoint() == 0 and loaded == [previous]
+    # no checkpoint of its own: a fresh start, from a view of rl1's checkpoint
+    assert trainer._load_checkpoint() == 0 and len(loaded) == 1
+    view = loaded[0]
+    for rank in range(2):
+        for part in ("model", "optim"):  # the weights and AdamW's moments, as rl1 left them
+            shard = torch.load(f"{view}/{part}_world_size_2_rank_{rank}.pt")
+            assert shard == {part: rank}
+        # but not rl1's schedule (past its warm-up) nor its RNG: verl skips what is missing
+        extra = torch.load(f"{view}/extra_state_world_size_2_rank_{rank}.pt")
+        assert extra == {"lr_scheduler": None}
+    # a retry makes the same view again
+    trainer._load_checkpoint()
+    assert loaded == [view, view]
 
 
 def test_a_verl_stage_with_an_unreachable_sandbox_fails_before_verl_starts(tmp_path, monkeypatch):

@@ -18,6 +18,9 @@ from rstar.algo.roc import RoCConfig
 from rstar.train.config import StageConfig
 
 PROMPTS, G, STEPS = 8, 2, 2
+LR, LR_METRIC = 5e-5, "actor/lr"  # verl logs the rate of the step it ran
+RESPONSE = 128  # tokens per rollout
+RANKS = 2  # training processes on the CPU: sharded checkpoints, as on many GPUs
 
 
 def recipe_problems(n: int) -> list[dict]:
@@ -53,9 +56,12 @@ def verl_steps(
     steps: int = STEPS,
     name: str = "rl1",
     optimizer_from: str | None = None,
-) -> str:
+    warmup_steps: int = 1,
+    processes: int = 1,
+) -> tuple[str, dict[int, dict[str, float]]]:
     """`steps` RL steps of verl's trainer on the tiny recipe's problems, checked as they ran;
-    returns verl's checkpoint directory."""
+    returns verl's checkpoint directory and the metrics of each step. `processes`: training
+    processes (FSDP ranks; on the CPU, Ray slots)."""
     from rstar.data.io import write_table
     from rstar.sandbox.process import SandboxProcess
     from rstar.train.verl_launcher import build_verl_run, verl_env
@@ -68,15 +74,15 @@ def verl_steps(
         steps=steps,
         prompts_per_step=PROMPTS,
         roc=RoCConfig(group_size=G),
-        max_response_tokens=128,
+        max_response_tokens=RESPONSE,
         max_turns=2,
         temperature=0.8,
-        lr=5e-5,
-        warmup_steps=1,
+        lr=LR,
+        warmup_steps=warmup_steps,
         prompt_style="compact",
     )
     work = str(tmp_path / "run")
-    env = {**os.environ, **verl_env(device)}
+    env = {**os.environ, **verl_env(device, max(1, (os.cpu_count() or 1) // processes))}
     with SandboxProcess("--executors", "1") as sandbox:
         cmd = build_verl_run(
             stage,
@@ -84,9 +90,10 @@ def verl_steps(
             problems=problems,
             sandbox_url=sandbox.url,
             out_dir=work,
-            n_gpus=1,
+            n_gpus=processes,
             device=device,
             optimizer_from=optimizer_from,
+            gpu=one_gpu(model) if device == "gpu" else None,
         )
         cmd = [c for c in cmd if not c.startswith("trainer.logger")] + [
             "trainer.logger=[console]",
@@ -99,7 +106,7 @@ def verl_steps(
     by_step = metrics_by_step(log)
     assert sorted(by_step) == list(range(1, steps + 1)), log[-3000:]
     # verl routed through the project's balancer
-    assert "[rstar] KV-balanced load balancer over 1 replica(s)" in log
+    assert f"[rstar] KV-balanced load balancer over {processes} replica(s)" in log
     for m in by_step.values():  # RoC inside verl's step: 2G sampled per prompt, G kept
         print({k: v for k, v in m.items() if k.startswith("roc/")}, flush=True)
         assert m["roc/sampled"] == PROMPTS * 2 * G and m["roc/kept"] == PROMPTS * G
@@ -111,7 +118,7 @@ def verl_steps(
     assert os.path.exists(os.path.join(work, "latest_checkpointed_iteration.txt"))
     moved, _ = merged_changes(actor, model, str(tmp_path / "hf"), env)
     assert moved, "the merged model equals the SFT model: no update reached the checkpoint"
-    return work
+    return work, by_step
 
 
 def merged_changes(checkpoint: str, before: str, merged: str, env: dict) -> tuple[list[str], int]:
@@ -133,7 +140,19 @@ def merged_changes(checkpoint: str, before: str, merged: str, env: dict) -> tupl
 @pytest.fixture(scope="module")
 def verl_rl1(tiny_sft, tmp_path_factory):
     """Two verl RL steps on the CPU (checked as they run): verl's checkpoint directory."""
-    return verl_steps(tiny_sft, tmp_path_factory.mktemp("verl-rl1"), "cpu")
+    work, by_step = verl_steps(
+        tiny_sft, tmp_path_factory.mktemp("verl-rl1"), "cpu", processes=RANKS
+    )
+    # warm-up of one step, then the full rate
+    assert by_step[STEPS][LR_METRIC] == pytest.approx(LR), by_step[STEPS]
+    # sharded, as a many-GPU run writes them: one model and optimizer shard per rank
+    actor = os.path.join(work, f"global_step_{STEPS}", "actor")
+    for part in ("model", "optim", "extra_state"):
+        assert all(
+            os.path.exists(os.path.join(actor, f"{part}_world_size_{RANKS}_rank_{r}.pt"))
+            for r in range(RANKS)
+        ), os.listdir(actor)
+    return work
 
 
 def test_verls_trainer_runs_grpo_roc_on_cpu(verl_rl1):
@@ -141,31 +160,48 @@ def test_verls_trainer_runs_grpo_roc_on_cpu(verl_rl1):
 
 
 def adam_steps(actor_dir: str) -> set[int]:
-    """The step counts in an actor checkpoint's optimizer state (one rank)."""
+    """The step counts in an actor checkpoint's optimizer state (every rank's shard)."""
+    import glob
+
     import torch
 
-    state = torch.load(os.path.join(actor_dir, "optim_world_size_1_rank_0.pt"), weights_only=False)
-    return {int(s["step"]) for s in state["state"].values()}
+    shards = glob.glob(os.path.join(actor_dir, "optim_world_size_*_rank_*.pt"))
+    states = [torch.load(p, weights_only=False)["state"] for p in shards]
+    return {int(s["step"]) for state in states for s in state.values()}
 
 
-def test_a_next_verl_stage_continues_the_previous_stages_adam_moments(verl_rl1, tiny_sft, tmp_path):
+def test_a_next_verl_stage_continues_the_previous_stages_adam_moments_after_its_own_warm_up(
+    verl_rl1, tiny_sft, tmp_path
+):
     """rl2 starts from rl1's last actor checkpoint (`rstar.optimizer_from`, reset_optimizer
-    false): after its one step, AdamW has counted rl1's two steps and its own."""
+    false): after its one step, AdamW has counted rl1's two steps and its own; and its
+    learning rate is its own warm-up's, not rl1's schedule (past its warm-up, at the full rate)."""
     previous = os.path.join(verl_rl1, f"global_step_{STEPS}", "actor")
     assert adam_steps(previous) == {STEPS}
-    work = verl_steps(tiny_sft, tmp_path, "cpu", steps=1, name="rl2", optimizer_from=previous)
+    work, by_step = verl_steps(
+        tiny_sft,
+        tmp_path,
+        "cpu",
+        steps=1,
+        name="rl2",
+        optimizer_from=previous,
+        warmup_steps=4,
+        processes=RANKS,
+    )
     assert adam_steps(os.path.join(work, "global_step_1", "actor")) == {STEPS + 1}
+    assert by_step[1][LR_METRIC] < LR / 2, by_step[1]
+
+
+def one_gpu(model: str):
+    """The plan's own GPU sizing (rstar.train.gpu_sizing), scaled to this machine's one GPU."""
+    import torch
+
+    from rstar.train.gpu_sizing import ModelShape, size
+
+    memory_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    return lambda prompt_tokens: size(ModelShape.of(model), memory_gb, 1, prompt_tokens + RESPONSE)
 
 
 @pytest.mark.gpu
 def test_verls_trainer_runs_grpo_roc_on_a_gpu_with_vllm(tiny_sft, tmp_path):
-    # one GPU: vLLM unsharded, leaving the actor room on the same device
-    verl_steps(
-        tiny_sft,
-        tmp_path,
-        "gpu",
-        [
-            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-            "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
-        ],
-    )
+    verl_steps(tiny_sft, tmp_path, "gpu")

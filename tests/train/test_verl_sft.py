@@ -57,7 +57,8 @@ def test_replayed_pretraining_text_is_refused_with_engine_verl():
 
 
 @pytest.mark.timeout(1800)
-def test_verls_sft_trainer_trains_the_tiny_base_on_cpu(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_verls_sft_trainer_trains_the_tiny_base(tmp_path, device):
     from transformers import AutoTokenizer
 
     from rstar.data.io import write_table
@@ -77,10 +78,10 @@ def test_verls_sft_trainer_trains_the_tiny_base_on_cpu(tmp_path):
     work = str(tmp_path / "run")
     os.makedirs(work)
     cmd = sft_command(
-        cfg, model=os.path.abspath(BASE), train_files=data, out_dir=work, n_gpus=1, device="cpu"
+        cfg, model=os.path.abspath(BASE), train_files=data, out_dir=work, n_gpus=1, device=device
     )
     cmd = [c for c in cmd if not c.startswith("trainer.logger")] + ["trainer.logger=[console]"]
-    env = {**os.environ, **verl_env("cpu")}
+    env = {**os.environ, **verl_env(device)}
     env.pop("RAY_ADDRESS", None)
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200, cwd=work)
     log = run.stdout + run.stderr
