@@ -36,6 +36,7 @@ print("GPU:", torch.cuda.get_device_name(0))
 PY
 echo "== 2-4. SFT, two RL steps, evaluation on a vLLM replica: on the GPU"
 $PY -m pytest -x -q -s -m gpu -p no:cacheprovider \
-  tests/train/test_verl_sft.py tests/train/test_verl_run.py tests/rollout/test_ray_replicas.py \
-  tests/rollout/test_vllm_engine.py
+  tests/train/test_verl_sft.py tests/train/test_verl_run.py tests/rollout/test_vllm_engine.py
+# the evaluation replicas' test takes the GPU wherever Ray has one
+$PY -m pytest -x -q -s -p no:cacheprovider tests/rollout/test_ray_replicas.py -k vllm
 echo "gpu-check: every check passed"

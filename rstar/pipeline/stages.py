@@ -311,18 +311,13 @@ def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) 
 # -- sampling: mining and evaluation -----------------------------------------------------------
 def serving(recipe: Recipe) -> dict:
     """How a sampling stage (mining, evaluation) serves its model: in this process for the
-    embedded recipe; with `engine: verl`, as engine replicas behind the balanced scheduler
-    (vLLM, one per GPU of the recipe's nodes; on the CPU, two HF replicas) and the recipe's
+    embedded recipe; with `engine: verl`, as vLLM engine replicas behind the balanced scheduler
+    (one per GPU of the recipe's nodes; on the CPU, two of vLLM's CPU build) and the recipe's
     sandbox service (rstar.rollout.open)."""
     if recipe.engine != "verl":
         return {}
-    if recipe.resources.gpus:
-        return {
-            "replicas": int(recipe.resources.gpus) * recipe.resources.nodes,
-            "kind": "vllm",
-            "sandbox_url": recipe.sandbox_url,
-        }
-    return {"replicas": 2, "kind": "hf", "sandbox_url": recipe.sandbox_url}
+    replicas = int(recipe.resources.gpus) * recipe.resources.nodes or 2
+    return {"replicas": replicas, "kind": "vllm", "sandbox_url": recipe.sandbox_url}
 
 
 def _rollout_clock(label: str, rollouts: int) -> StepClock:

@@ -3,12 +3,12 @@
 the same way when the body raises: replicas killed, engine closed, sandbox stopped.
 
 - `replicas=0`: one engine in this process, the local HF engine (the embedded default) or
-  vLLM (`kind="vllm"`, one GPU);
-- `replicas=N`: N engine replicas as Ray actors (vLLM on a GPU each, or the HF engine on the
-  CPU) behind a scheduler (`balanced`, by free KV cache, or the `static` split;
-  rstar.rollout.scheduler), so a 14B model is served by the cluster's GPUs and never loaded in
-  the caller's process. Every replica samples with the same seed, so where a request lands
-  never changes what it samples;
+  vLLM (`kind="vllm"`: a GPU, or vLLM's CPU build);
+- `replicas=N`: N engine replicas as Ray actors (vLLM on a GPU each where the cluster has
+  them, else on the CPU; or the HF engine) behind a scheduler (`balanced`, by free KV cache,
+  or the `static` split; rstar.rollout.scheduler), so a 14B model is served by the cluster's
+  GPUs and never loaded in the caller's process. Every replica samples with the same seed, so
+  where a request lands never changes what it samples;
 - `sandbox_url`: the sandbox service; without it, an embedded one for this process.
 """
 
@@ -37,12 +37,14 @@ async def _replicas(
     from rstar.rollout.scheduler import BalancedScheduler, StaticScheduler
 
     engine_kw = {"max_batch": max_batch} if kind == "hf" else {}
+    # vLLM takes a GPU each where the cluster has them; on a CPU-only Ray, vLLM's CPU build
+    gpus = 1 if kind == "vllm" and ray.cluster_resources().get("GPU") else 0
     reps = [
         RayReplica.start(
             model_dir,
             kind=kind,
             num_cpus=cpus,
-            num_gpus=1 if kind == "vllm" else 0,
+            num_gpus=gpus,
             seed=seed,
             **engine_kw,
         )

@@ -1,8 +1,10 @@
-"""The GPU engine: vLLM's AsyncLLM behind the same token-in/token-out interface as HFEngine.
+"""vLLM's AsyncLLM behind the same token-in/token-out interface as HFEngine.
 
-Needs the `gpu` extra (`pip install -e .[gpu]`) and a CUDA device; the tests for it carry
-the `gpu` marker and skip cleanly elsewhere. `kv_capacity_tokens` tells the balanced
-scheduler how many tokens this replica's KV cache holds.
+On a GPU (the `gpu` extra) it takes `gpu_memory_utilization` of the device. On the CPU (vLLM's
+CPU build, installed by scripts/setup.sh) that flag would be a share of the machine's memory,
+so the KV cache gets `cpu_kv_cache_bytes` instead, in float32 (what the trainer computes in)
+and eager mode (no compiled graphs). `kv_capacity_tokens` tells the balanced scheduler how many
+tokens this replica's KV cache holds.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import math
 
 from rstar.agent.loop import Generation
 
+CPU_KV_CACHE_BYTES = 256 << 20  # a replica's KV cache on the CPU: 87K tokens of the tiny model
+
 
 class VLLMEngine:
     def __init__(
@@ -18,20 +22,30 @@ class VLLMEngine:
         model: str,
         *,
         gpu_memory_utilization: float = 0.85,
+        cpu_kv_cache_bytes: int = CPU_KV_CACHE_BYTES,
         max_model_len: int | None = None,
         seed: int = 0,
         **engine_kwargs,
     ) -> None:
+        import torch
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        memory = (
+            {"gpu_memory_utilization": gpu_memory_utilization}
+            if torch.cuda.is_available()
+            else {
+                "kv_cache_memory_bytes": cpu_kv_cache_bytes,
+                "dtype": "float32",
+                "enforce_eager": True,
+            }
+        )
         args = AsyncEngineArgs(
             model=model,
-            gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             seed=seed,
             enable_prefix_caching=True,
-            **engine_kwargs,
+            **{**memory, **engine_kwargs},
         )
         self.engine = AsyncLLM.from_engine_args(args)
         cache = self.engine.vllm_config.cache_config

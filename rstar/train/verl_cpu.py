@@ -5,8 +5,9 @@ selected by `VERL_PLATFORM=cpu`: torch's CPU device, gloo for collectives. verl 
 training process per Ray "GPU" and checks the cluster's GPU (or NPU) count before it starts
 (`verl/single_controller/ray/base.py`, `ResourcePoolManager._check_resource_available`), so a
 CPU run starts Ray declaring as many GPUs as training processes (`ray.init(num_gpus=N)`): here
-they are slots, torch never sees a GPU. For CI and for trying the cluster path on a laptop;
-never for training anything real.
+they are slots, torch never sees a GPU. The rollouts run on vLLM's CPU build through verl's
+own vLLM replicas (rstar.rollout.vllm_cpu lets its weights be updated). For CI and for trying
+the cluster path on a laptop; never for training anything real.
 """
 
 from __future__ import annotations
@@ -14,12 +15,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from types import SimpleNamespace
 
-import ray
 import torch
 import verl.utils.distributed as _distributed
 from verl.plugin.platform import PlatformBase, PlatformRegistry
-from verl.workers.rollout.base import _ROLLOUT_REGISTRY, BaseRollout
-from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry
 
 RAY_RESOURCE = "GPU"  # slots for training processes (module docstring)
 
@@ -163,99 +161,4 @@ def _register_fsdp_engine() -> None:
     )
 
 
-# -- the local HF engine as verl's rollout ------------------------------------------------------
-# verl's hybrid engine keeps, in each training process, a rollout adapter (`BaseRollout`) that
-# receives the new weights after every update, and per replica a server actor that generates
-# (`RolloutReplica`). Here the server is the project's HF engine; the adapter of the replica's
-# first rank gathers the full weights and hands them to it.
-
-SERVER_PREFIX = "hf_server_"
-
-
-@ray.remote
-class HFServer:
-    """One rollout replica: the HF engine behind verl's token-in/token-out `generate`."""
-
-    def __init__(self, model_path: str, seed: int, max_batch: int) -> None:
-        from rstar.rollout.hf_engine import HFEngine
-
-        self.engine = HFEngine.from_pretrained(model_path, seed=seed, max_batch=max_batch)
-        self.global_steps = None
-
-    async def generate(
-        self, request_id: str, prompt_ids: list[int], sampling_params: dict, **kwargs
-    ):
-        from rstar.agent.verl_adapter import engine_token_output
-
-        return await engine_token_output(
-            self.engine,
-            request_id,
-            prompt_ids,
-            sampling_params,
-            sampling_params.get("max_tokens", 256),
-            global_steps=self.global_steps,
-        )
-
-    def load_weights(self, state: dict) -> None:
-        self.engine.load_state_dict(state)
-
-    def set_global_steps(self, step: int) -> None:
-        self.global_steps = step
-
-    # verl's replica lifecycle: nothing to free or restore for an engine on the CPU
-    def wake_up(self, tags=None) -> None: ...
-    def sleep(self) -> None: ...
-    def clear_kv_cache(self) -> None: ...
-    def release_kv_cache(self) -> None: ...
-    def resume_kv_cache(self) -> None: ...
-    def resume_generation(self) -> None: ...
-    def start_profile(self, **kwargs) -> None: ...
-    def stop_profile(self) -> None: ...
-
-    def abort_all_requests(self, reject_request: bool = False) -> dict:
-        return {"aborted_count": 0, "request_ids": []}
-
-
-class HFReplica(RolloutReplica):
-    async def launch_servers(self) -> None:
-        name = f"{SERVER_PREFIX}{self.replica_rank}"
-        server = HFServer.options(
-            name=name, num_cpus=0, max_concurrency=self.max_concurrency
-        ).remote(self.model_config.path, getattr(self.config, "seed", 0), self.config.max_num_seqs)
-        self.servers = [server]
-        self._server_handle, self._server_address = server, name
-
-
-class HFRolloutAdapter(BaseRollout):
-    """In each training process; the replica's first rank forwards each weight update."""
-
-    def __init__(self, config, model_config, device_mesh, *args, **kwargs) -> None:
-        super().__init__(config, model_config, device_mesh)
-        import os
-
-        world = self.config.tensor_model_parallel_size * self.config.data_parallel_size
-        rank = int(os.environ["RANK"])
-        self.replica_rank, self.leader = rank // world, rank % world == 0
-
-    async def resume(self, tags: list[str]) -> None: ...
-
-    async def release(self) -> None: ...
-
-    async def update_weights(
-        self, weights, wire_format: str = "named_tensors", global_steps=None, **kwargs
-    ) -> None:
-        state = {}
-        for name, tensor in weights:  # every rank iterates: the gather behind it is collective
-            full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-            if self.leader:
-                state[name] = full.detach().to("cpu", copy=True)
-        if self.leader:
-            server = ray.get_actor(f"{SERVER_PREFIX}{self.replica_rank}")
-            await server.load_weights.remote(state)
-            if global_steps is not None:
-                await server.set_global_steps.remote(global_steps)
-
-
 _register_fsdp_engine()
-RolloutReplicaRegistry.register("hf", lambda: HFReplica)
-_ROLLOUT_REGISTRY[("hf", "async")] = f"{__name__}.HFRolloutAdapter"

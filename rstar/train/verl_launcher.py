@@ -20,8 +20,12 @@ from collections.abc import Callable
 
 from rstar.agent.format import problem_messages
 from rstar.data.io import read_table
+from rstar.rollout.vllm_engine import CPU_KV_CACHE_BYTES
 from rstar.train.config import StageConfig
 from rstar.train.gpu_sizing import GPUSettings
+
+# 14B's 29.5 GB of bf16 weights take seconds over NCCL, a minute or two through host memory
+WEIGHT_SYNC_TIMEOUT_S = 600
 
 # FSDP computes in bfloat16 unless told otherwise: on a CPU without bfloat16 matrix units that
 # made verl's SFT steps here 5x slower (12.3 s against 2.5 s a step, the same batches)
@@ -128,6 +132,10 @@ def verl_overrides(
         f"+rstar.group_size={cfg.roc.group_size}",
         f"+rstar.seed={cfg.seed}",
         f"+rstar.prompt_style={cfg.prompt_style}",
+        # verl's weight sync with a deadline (it would wait for ever on a replica that fails)
+        "+actor_rollout_ref.rollout.checkpoint_manager_class="
+        "rstar.train.verl_trainer.WeightSyncWithDeadline",
+        f"+rstar.weight_sync_timeout_s={WEIGHT_SYNC_TIMEOUT_S}",
         f"trainer.total_training_steps={cfg.steps}",
         f"trainer.default_local_dir={out_dir}",
         f"trainer.n_gpus_per_node={n_gpus}",
@@ -164,19 +172,26 @@ def verl_overrides(
 
 
 def cpu_overrides(processes: int) -> list[str]:
-    """verl's trainer on the CPU (rstar.train.verl_cpu): FSDP2 in float32, the HF engine as
-    rollout replica, no torch.compile, one agent-loop worker and `processes` training processes
-    (Ray slots, see verl_cpu)."""
-    actor = "actor_rollout_ref.actor"
+    """verl's trainer on the CPU (rstar.train.verl_cpu): FSDP2 in float32, vLLM's CPU build as
+    the rollout, no torch.compile, one agent-loop worker and `processes` training processes (Ray
+    slots, see verl_cpu)."""
+    actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     return [
         "trainer.device=cpu",
-        "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"{rollout}.tensor_model_parallel_size=1",
+        # vLLM on the CPU: no sleep mode (it refuses it), so nothing to free between phases; no
+        # compiled graphs; float32 as the actor computes; a KV cache of its own size (its
+        # memory share would be a share of the machine's memory)
+        f"+{rollout}.enable_sleep_mode=false",
+        f"{rollout}.free_cache_engine=false",
+        f"{rollout}.enforce_eager=true",
+        f"{rollout}.dtype=float32",
+        f"+{rollout}.engine_kwargs.vllm.kv_cache_memory_bytes={CPU_KV_CACHE_BYTES}",
         f"{actor}.fsdp_config.dtype=float32",
         f"+{actor}.fsdp_config.mixed_precision={FP32}",
         f"{actor}.use_torch_compile=false",
         f"{actor}.fsdp_config.use_torch_compile=false",
-        "actor_rollout_ref.rollout.agent.num_workers=1",
+        f"{rollout}.agent.num_workers=1",
         "data.dataloader_num_workers=0",
         # Ray's CPU count is logical here: verl's task runner, each training process's bundle
         # (3 CPUs by verl's default colocation count) and the replica servers must all fit

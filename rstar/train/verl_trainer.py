@@ -12,6 +12,9 @@ nothing else of verl's step. So this module subclasses the legacy trainer:
   the rows in place, logs `roc/*` metrics (sampled, kept, p_err/p_format of kept positives,
   tool-error rate in correct trajectories sampled and kept), then verl balances what is left;
 - `_update_actor`: PPO mini-batches are `ppo_mini_batch_size` prompts of the *kept* group size;
+- `WeightSyncWithDeadline` (verl's `rollout.checkpoint_manager_class`): verl's weight sync to
+  the rollout replicas, ended with an error naming the engine and the step when it does not
+  finish within `rstar.weight_sync_timeout_s` (verl waits on it for ever);
 - `_load_checkpoint`: a stage that starts fresh but names `rstar.optimizer_from` (the previous
   stage's last actor checkpoint) takes its optimizer moments over (`reset_optimizer: false`),
   and only those: not the previous stage's learning-rate schedule or RNG, so its own warm-up
@@ -23,17 +26,22 @@ verl's. `main` is verl's `main_ppo` entry with this trainer in place of the lega
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import os
 import random
+import threading
 from contextlib import contextmanager
 
 import numpy as np
 import ray
 from omegaconf import OmegaConf, open_dict
 from verl import DataProto
+from verl.checkpoint_engine import CheckpointEngineManager
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.utils.ray_utils import auto_await
 
 from rstar.algo.roc import RoCConfig, Rollout, keep_indices
 from rstar.logs import configure
@@ -135,6 +143,11 @@ class RoCTrainer(RayPPOTrainer):
         with self._kept_group_size():
             return super()._update_actor(batch)
 
+    def init_workers(self):
+        super().init_workers()
+        self.checkpoint_manager.deadline_s = float(self.config.rstar.weight_sync_timeout_s)
+        self.checkpoint_manager.engine = self.config.actor_rollout_ref.rollout.name
+
     def _load_checkpoint(self):
         step = super()._load_checkpoint()
         source = self.config.rstar.get("optimizer_from")
@@ -165,6 +178,46 @@ def optimizer_only(source: str, view: str) -> str:
         ):
             os.symlink(os.path.join(source, name), target)
     return view
+
+
+class WeightSyncFailed(RuntimeError):
+    pass
+
+
+class WeightSyncWithDeadline(CheckpointEngineManager):
+    """verl's weight sync from the actor to the rollout replicas, with a deadline. A replica
+    that cannot take the weights (vLLM's CPU build without rstar.rollout.vllm_cpu, a dead
+    server) leaves verl waiting for ever inside a blocking call; here the sync runs in a thread
+    and the trainer gives up after `deadline_s`. Either way a failed sync ends the run with an
+    error naming the engine and the step."""
+
+    deadline_s = 600.0
+    engine = "rollout"
+
+    @auto_await
+    async def update_weights(self, global_steps: int | None = None):
+        # verl's sync blocks inside (ray.get): run it in a thread of its own, where it has a loop
+        # of its own. A daemon thread, not the loop's executor, whose shutdown would wait on a
+        # sync that never returns.
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def sync() -> None:
+            try:
+                done.set_result(super(WeightSyncWithDeadline, self).update_weights(global_steps))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting loop
+                done.set_exception(e)
+
+        threading.Thread(target=sync, name="verl-weight-sync", daemon=True).start()
+        where = f"verl's weight sync to the {self.engine} rollout replicas at step {global_steps}"
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(done), self.deadline_s)
+        except TimeoutError:
+            raise WeightSyncFailed(
+                f"{where} did not finish within {self.deadline_s:g} s (a replica that cannot "
+                "take the weights: see its log above)"
+            ) from None
+        except Exception as e:
+            raise WeightSyncFailed(f"{where} failed: {e!r}") from e
 
 
 @ray.remote

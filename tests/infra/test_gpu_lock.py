@@ -1,6 +1,6 @@
 """The GPU workers' lock (constraints-gpu.txt) resolves with the project's requirements on the
 platform the workers run (Linux x86_64, CUDA builds from PyPI), and shares constraints.txt's
-versions but the three vLLM cannot take. uv reads the wheels' metadata only: nothing CUDA is
+versions but the four vLLM's builds pin apart. uv reads the wheels' metadata only: nothing CUDA is
 downloaded (about 55 MB of metadata on a fresh cache)."""
 
 import re
@@ -10,9 +10,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 UV = Path(sys.executable).with_name("uv")
-# vLLM 0.27.1 needs fastapi < 0.137 and, through its CUDA kernels' packages, numpy < 2.4 and
-# protobuf < 7; the CPU lock's Prefect 3.9.1 needs fastapi >= 0.139 (scripts/lock-gpu.sh)
-DIFFERENT = {"fastapi", "numpy", "protobuf"}
+# vLLM 0.27.1's GPU build caps fastapi below 0.137 (the CPU lock overrides that stale cap for
+# Prefect 3.9.1, which needs 0.139) and, through its CUDA kernels' packages, protobuf below 7;
+# its CPU and GPU builds pin triton and apache-tvm-ffi apart (scripts/lock-gpu.sh)
+DIFFERENT = {"fastapi", "protobuf", "triton", "apache-tvm-ffi"}
 
 
 def pins(text: str) -> dict[str, str]:

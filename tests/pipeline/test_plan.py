@@ -141,7 +141,11 @@ def test_the_tiny_verl_plan_runs_verls_trainer_on_the_cpu_and_verl_accepts_it():
     assert sft_cfg.engine.mixed_precision.param_dtype == "fp32"
     for s in verl[1:]:
         cfg = check_verl(s["command"][3:])
-        assert cfg.trainer.device == "cpu" and cfg.actor_rollout_ref.rollout.name == "hf"
+        rollout = cfg.actor_rollout_ref.rollout
+        # vLLM's CPU build, without the sleep mode it refuses, in float32 as the actor
+        assert cfg.trainer.device == "cpu" and rollout.name == "vllm"
+        assert not rollout.enable_sleep_mode and rollout.dtype == "float32"
+        assert rollout.checkpoint_manager_class.endswith("WeightSyncWithDeadline")
         assert cfg.actor_rollout_ref.actor.strategy == "fsdp2" and cfg.trainer.use_v1 is False
         assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
         # 2G sampled, G kept by RoC

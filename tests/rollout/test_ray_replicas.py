@@ -56,17 +56,16 @@ def test_evaluation_through_engine_replicas_behind_the_balanced_scheduler(local_
     assert sum(m["samples"] for m in summary.values()) == 6
 
 
-@pytest.mark.gpu
-def test_evaluation_on_a_vllm_replica(local_ray, tiny_dir):
-    """The cluster's evaluation replica: vLLM on one GPU as a Ray actor, behind the balanced
-    scheduler generating in chunks (rstar.rollout.open)."""
+def test_evaluation_on_vllm_replicas(local_ray, tiny_dir):
+    """The cluster's evaluation replicas: vLLM as Ray actors (here its CPU build; on a cluster
+    one GPU each) behind the balanced scheduler generating in chunks (rstar.rollout.open)."""
     from rstar.data import synth
     from rstar.eval.config import EvalConfig
     from rstar.eval.run import evaluate_model
 
     problems = synth.generate(4, seed=2, levels=(1,))
     records, _ = evaluate_model(
-        tiny_dir, problems, EvalConfig(k=2, max_response_tokens=64, max_turns=2), replicas=1,
+        tiny_dir, problems, EvalConfig(k=2, max_response_tokens=64, max_turns=2), replicas=2,
         kind="vllm",
     )  # fmt: skip
     assert len(records) == 8 and all(r["response_len"] > 0 for r in records)

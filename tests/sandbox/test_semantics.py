@@ -93,7 +93,9 @@ async def test_wall_clock_timeout_per_call(sandbox):
 async def test_cpu_limit(sandbox):
     r = await sandbox.run("while True:\n    pass", timeout_s=30)
     assert r.status is Status.TIMEOUT and "CPU time limit" in r.reason
-    assert r.cpu_s >= sandbox.cfg.cpu_time_s - 0.1
+    # killed by the limit, not before it: getrusage splits CPU time by sampling, and on a loaded
+    # machine reads a few percent under what the kernel charged (2.90 s for a 3 s limit, seen)
+    assert r.cpu_s >= 0.9 * sandbox.cfg.cpu_time_s
 
 
 async def test_oversized_code_is_rejected(sandbox):

@@ -1,9 +1,10 @@
 """verl's own trainer, two RL steps: `python -m rstar.train.verl_trainer` (verl's main_ppo,
 its legacy RayPPOTrainer with RoC) trains the tiny SFT model through verl's FSDP2 workers, the
 project's agent loop, the real sandbox service and the answer-only reward; verl's model merger
-turns the last checkpoint into a Hugging Face model that loads. On this machine's CPU (gloo,
-the HF engine as verl's rollout replica: rstar.train.verl_cpu) in CI; on a GPU with vLLM
-rollouts (marked `gpu`, run by scripts/gpu-check.sh).
+turns the last checkpoint into a Hugging Face model that loads. Rollouts run on vLLM through
+verl's own vLLM replicas and weight sync: on this machine's CPU (gloo, vLLM's CPU build:
+rstar.train.verl_cpu, rstar.rollout.vllm_cpu) in CI; on a GPU (marked `gpu`, run by
+scripts/gpu-check.sh).
 
 The SFT model is the shipped tiny base after the tiny recipe's own SFT (the session's
 `tiny_sft`); the problems are the recipe's own (recipe_problems)."""
@@ -11,6 +12,7 @@ The SFT model is the shipped tiny base after the tiny recipe's own SFT (the sess
 import os
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -47,7 +49,7 @@ def metrics_by_step(log: str) -> dict[int, dict[str, float]]:
     return steps
 
 
-def verl_steps(
+def run_verl(
     model: str,
     tmp_path,
     device: str,
@@ -58,10 +60,10 @@ def verl_steps(
     optimizer_from: str | None = None,
     warmup_steps: int = 1,
     processes: int = 1,
-) -> tuple[str, dict[int, dict[str, float]]]:
-    """`steps` RL steps of verl's trainer on the tiny recipe's problems, checked as they ran;
-    returns verl's checkpoint directory and the metrics of each step. `processes`: training
-    processes (FSDP ranks; on the CPU, Ray slots)."""
+) -> tuple[str, subprocess.CompletedProcess, dict]:
+    """`steps` RL steps of verl's trainer on the tiny recipe's problems (`processes` training
+    processes: FSDP ranks, on the CPU Ray slots): verl's checkpoint directory, the run and its
+    environment."""
     from rstar.data.io import write_table
     from rstar.sandbox.process import SandboxProcess
     from rstar.train.verl_launcher import build_verl_run, verl_env
@@ -101,8 +103,19 @@ def verl_steps(
         ]
         print("running:", " ".join(cmd), flush=True)
         run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=work)
+    return work, run, env
+
+
+def verl_steps(
+    model: str, tmp_path, device: str, extra: list[str] = (), *, steps: int = STEPS, **kw
+) -> tuple[str, dict[int, dict[str, float]]]:
+    """`run_verl`, checked as it ran: verl's checkpoint directory and each step's metrics."""
+    work, run, env = run_verl(model, tmp_path, device, extra, steps=steps, **kw)
+    processes = kw.get("processes", 1)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-6000:]
+    # the rollouts ran on verl's vLLM replica (vLLM's CPU build here): its server actor logged
+    assert "(vLLMHttpServer pid=" in log, log[-3000:]
     by_step = metrics_by_step(log)
     assert sorted(by_step) == list(range(1, steps + 1)), log[-3000:]
     # verl routed through the project's balancer
@@ -112,6 +125,11 @@ def verl_steps(
         assert m["roc/sampled"] == PROMPTS * 2 * G and m["roc/kept"] == PROMPTS * G
         # verl's own update ran on what was kept
         assert "actor/pg_loss" in m and "timing_s/update_actor" in m
+        # the rollout engine sampled with the actor's weights: its log-probs are the actor's
+        # (float32 on both sides on the CPU; bfloat16 vLLM on a GPU)
+        assert m["training/rollout_probs_diff_valid"] == 1
+        assert m["training/rollout_probs_diff_max"] < (1e-3 if device == "cpu" else 0.1), m
+        assert m["training/rollout_actor_probs_pearson_corr"] > 0.99, m
     # real reward: some rollouts solved it
     assert max(m["roc/accuracy_sampled"] for m in by_step.values()) > 0
     actor = os.path.join(work, f"global_step_{steps}", "actor")
@@ -200,6 +218,26 @@ def one_gpu(model: str):
 
     memory_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
     return lambda prompt_tokens: size(ModelShape.of(model), memory_gb, 1, prompt_tokens + RESPONSE)
+
+
+def test_a_weight_sync_that_cannot_land_ends_the_run_naming_the_engine_and_step(tiny_sft, tmp_path):
+    """vLLM's CPU build without the project's plugin (rstar.rollout.vllm_cpu) empties its
+    linear layers' weights, so verl's sync cannot land; verl alone would wait for ever."""
+    start = time.monotonic()
+    _, run, _ = run_verl(
+        tiny_sft,
+        tmp_path,
+        "cpu",
+        [
+            "++ray_kwargs.ray_init.runtime_env.env_vars.VLLM_PLUGINS=none",
+            "rstar.weight_sync_timeout_s=60",
+        ],
+        steps=1,
+    )
+    log = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert "verl's weight sync to the vllm rollout replicas at step" in log, log[-4000:]
+    assert time.monotonic() - start < 600
 
 
 @pytest.mark.gpu

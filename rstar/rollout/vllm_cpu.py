@@ -1,0 +1,30 @@
+"""vLLM's CPU build as an engine whose weights can be updated: a vLLM general plugin, loaded by
+vLLM in each of its processes (entry point `vllm.general_plugins` in pyproject.toml).
+
+vLLM 0.27.1 on the CPU hands each linear layer's weight to oneDNN after loading and replaces
+`layer.weight` by an empty tensor (`UnquantizedLinearMethod.process_weights_after_loading`);
+the output head keeps its weight but multiplies by the copy oneDNN took. A trainer's weight
+update then has nowhere to go (verl's sync fails on the empty parameter and its trainer waits
+for ever) or goes unused (the head). With this plugin those layers multiply by their own weight
+at each call (`torch.nn.functional.linear`), so an update copied into the parameters is what the
+next token uses. It can go when vLLM's CPU build reloads packed weights. Nothing changes on
+other platforms.
+"""
+
+from __future__ import annotations
+
+
+def register() -> None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    import torch
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    def keep_weight(self, layer: torch.nn.Module) -> None:
+        layer.cpu_linear = torch.nn.functional.linear
+
+    UnquantizedLinearMethod.process_weights_after_loading = keep_weight
+    UnquantizedEmbeddingMethod.process_weights_after_loading = keep_weight
