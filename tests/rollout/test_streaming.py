@@ -177,5 +177,6 @@ async def test_vllm_replicas_reserve_a_chunk_not_the_whole_budget(kind, chunk, m
     monkeypatch.setattr(RayReplica, "start", staticmethod(lambda *a, **kw: Fake()))
     async with AsyncExitStack() as stack:
         monkeypatch.setattr("ray.kill", lambda actor: None)
+        monkeypatch.setattr("ray.cluster_resources", dict)  # a CPU-only Ray
         sched = await open_mod._replicas(stack, "model", 2, kind, "balanced", 0, 64, 0)
     assert sched.chunk_tokens == chunk and [r.capacity for r in sched.replicas] == [100_000] * 2
