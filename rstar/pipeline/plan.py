@@ -18,8 +18,7 @@ from rstar.pipeline import verl_stages
 from rstar.pipeline.config import Recipe
 from rstar.pipeline.layout import Layout
 from rstar.storage import dirs
-
-PLAN_PROMPT_TOKENS = 2048  # the prompt length a plan assumes (the run measures it)
+from rstar.train.verl_launcher import DEFAULT_PROMPT_TOKENS
 
 
 class PlanError(NotRetryable, ValueError):
@@ -74,14 +73,17 @@ def check_verl_sft(overrides: list[str]):
 # What the plan's verl commands hold in place of what is known only at run time.
 PLACEHOLDERS = (
     "RUN in a path: the run's key (recipe and inputs). Model paths: where the stage pulls its "
-    f"input model to. data.max_prompt_length: {PLAN_PROMPT_TOKENS} here, at run time the longest "
-    "prompt of the stage's problems rounded up to 64 (the GPU settings are sized for it again)."
+    f"input model to. data.max_prompt_length: {DEFAULT_PROMPT_TOKENS} here, at run time the "
+    "longest prompt of the stage's problems rounded up to 64 (the GPU settings are sized for it "
+    "again)."
 )
 
 
-def _verl_command(recipe: Recipe, layout: Layout, name: str, before: str) -> list[str] | None:
+def _verl_command(
+    recipe: Recipe, layout: Layout, name: str, before: str, gpu=None
+) -> list[str] | None:
     """The verl command stage `name` will run (None for a stage verl does not run), checked;
-    with the placeholders `PLACEHOLDERS` names."""
+    with the placeholders `PLACEHOLDERS` names (`gpu`: an RL stage's GPU settings)."""
     from dataclasses import replace
 
     from rstar.train.verl_launcher import verl_command
@@ -111,8 +113,7 @@ def _verl_command(recipe: Recipe, layout: Layout, name: str, before: str) -> lis
         cmd, check = (
             verl_command(
                 replace(rl, prompt_style=recipe.prompt_style),
-                max_prompt_length=PLAN_PROMPT_TOKENS,
-                gpu=verl_stages.gpu_settings(recipe, rl, PLAN_PROMPT_TOKENS),
+                gpu=gpu,
                 model=dirs.local_dir(layout.model(before)),
                 train_files=f"{work}/verl_train.parquet",
                 val_files=f"{work}/verl_val.parquet",
@@ -144,7 +145,10 @@ def plan(recipe: Recipe) -> list[dict]:
     layout = Layout(recipe.storage_root)
     stages, before = [], "base"
     for name in stage_names(recipe):
-        command = _verl_command(recipe, layout, name, before)
+        rl = next((s for s in recipe.rl if s.name == name), None)
+        verl_rl = rl and recipe.engine == "verl"
+        gpu = verl_stages.gpu_settings(recipe, rl, DEFAULT_PROMPT_TOKENS) if verl_rl else None
+        command = _verl_command(recipe, layout, name, before, gpu)
         engine = "verl" if command else "local"
         if name == "base" and not recipe.base.build_tiny:
             engine = "files"  # copied with the chat template set, never loaded
@@ -160,8 +164,6 @@ def plan(recipe: Recipe) -> list[dict]:
                 "nodes": recipe.resources.nodes,
                 "gpus_per_node": recipe.resources.gpus,
             }
-        rl = next((s for s in recipe.rl if s.name == name), None)
-        gpu = verl_stages.gpu_settings(recipe, rl, PLAN_PROMPT_TOKENS) if rl and command else None
         stages.append(
             {
                 "name": name,

@@ -142,6 +142,7 @@ def problems(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
             write_table(rows, path, "problems")
             rows_kept[name] = len(rows)
         else:
+            rows_kept[name] = 0
             if spec.files:
                 report = curate(
                     [SourceSpec.parse(f) for f in spec.files],
@@ -151,11 +152,12 @@ def problems(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
                     cfg=CurationConfig(integer_only=name == "train"),
                 )
                 write_report(report, layout.reports(f"curation_{name}.json"))
-            rows = read_table(path, "problems").to_pylist() if spec.files else []
+                rows_kept[name] = report.kept
             if spec.benchmarks:  # held out, as published (rstar.eval.benchmarks)
+                rows = read_table(path, "problems").to_pylist() if spec.files else []
                 rows += [r for b, src in spec.benchmarks.items() for r in load_benchmark(b, src)]
                 write_table(rows, path, "problems")
-            rows_kept[name] = len(rows)
+                rows_kept[name] = len(rows)
         made[name] = Stored(path, digest(path))
     for name in ("train", "eval"):
         log.dataset(made[name].uri, f"{name}_problems", made[name].digest, context="output")

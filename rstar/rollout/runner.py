@@ -162,11 +162,12 @@ def _parts(out_dir: str) -> list[str]:
     return [f"{out_dir}/{n}" for n in names if n.startswith("part-") and n.endswith(".parquet")]
 
 
-def read_parts(out_dir: str, columns: list[str]) -> Iterator[dict]:
-    """Rows (only `columns`) of the parts `rollout_parts` wrote, part by part."""
+def read_parts(out_dir: str, columns: list[str], parts: list[str] | None = None) -> Iterator[dict]:
+    """Rows (only `columns`) of the parts `rollout_parts` wrote (or of `parts`, already listed),
+    part by part."""
     from rstar.data.io import read_parquet
 
-    for part in _parts(out_dir):
+    for part in _parts(out_dir) if parts is None else parts:
         yield from read_parquet(part, columns).to_pylist()
 
 
@@ -190,11 +191,12 @@ async def rollout_parts(
     stopped. Returns the number of problems sampled now."""
     from rstar.data.io import write_table
 
-    done = {r["problem_id"] for r in read_parts(out_dir, ["problem_id"])}
+    written = _parts(out_dir)
+    done = {r["problem_id"] for r in read_parts(out_dir, ["problem_id"], written)}
     todo = [p for p in problems if p["id"] not in done]
     if progress and len(todo) < len(problems):
         progress((len(problems) - len(todo)) * k)
-    number = len(_parts(out_dir))
+    number = len(written)
     part: list[tuple[dict, int, Trajectory]] = []
 
     async def flush() -> None:

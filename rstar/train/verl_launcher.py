@@ -24,6 +24,8 @@ from rstar.rollout.vllm_engine import CPU_KV_CACHE_BYTES
 from rstar.train.config import StageConfig
 from rstar.train.gpu_sizing import GPUSettings
 
+# the prompt length verl pads to when it cannot be measured (no model on local disk, a plan)
+DEFAULT_PROMPT_TOKENS = 2048
 # 14B's 29.5 GB of bf16 weights take seconds over NCCL, a minute or two through host memory
 WEIGHT_SYNC_TIMEOUT_S = 600
 
@@ -56,7 +58,7 @@ def verl_overrides(
     out_dir: str,
     n_gpus: int,
     nodes: int = 1,
-    max_prompt_length: int = 2048,
+    max_prompt_length: int = DEFAULT_PROMPT_TOKENS,
     val_files: str | None = None,
     experiment: str = "rstar",
     router_config: str | None = None,
@@ -85,9 +87,7 @@ def verl_overrides(
     )
     # micro-batches by tokens: on GPUs sized to memory, else two whole sequences
     tokens_per_gpu = (
-        gpu.micro_batch_tokens
-        if gpu and device != "cpu"
-        else 2 * (max_prompt_length + cfg.max_response_tokens)
+        gpu.micro_batch_tokens if gpu else 2 * (max_prompt_length + cfg.max_response_tokens)
     )
     return [
         "trainer.use_v1=false",
@@ -167,7 +167,7 @@ def verl_overrides(
         "actor_rollout_ref.model.use_remove_padding=false",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         *(cpu_overrides(n_gpus * nodes) if device == "cpu" else []),
-        *(gpu.overrides() if gpu and device != "cpu" else []),
+        *(gpu.overrides() if gpu else []),
     ]
 
 
@@ -285,7 +285,7 @@ def build_verl_run(
     longest = (
         longest_prompt(model, problem_texts, cfg.prompt_style) if os.path.isdir(model) else None
     )
-    prompt_tokens = -(-longest // 64) * 64 if longest else 2048
+    prompt_tokens = -(-longest // 64) * 64 if longest else DEFAULT_PROMPT_TOKENS
     settings = gpu(prompt_tokens) if gpu and device != "cpu" else None
     if settings:
         kv_cache_tokens = kv_cache_tokens or settings.kv_tokens_per_replica
