@@ -7,7 +7,13 @@ the output head keeps its weight but multiplies by the copy oneDNN took. A train
 update then has nowhere to go (verl's sync fails on the empty parameter and its trainer waits
 for ever) or goes unused (the head). With this plugin those layers multiply by their own weight
 at each call (`torch.nn.functional.linear`), so an update copied into the parameters is what the
-next token uses. It can go when vLLM's CPU build reloads packed weights. Nothing changes on
+next token uses. It can go when vLLM's CPU build reloads packed weights.
+
+It also binds vLLM's compute threads to every core this process may use. vLLM's automatic
+binding keeps one core for its scheduler, which polls without sleeping, and puts the model on
+the rest. On 2 cores that leaves the model one core, which it shares with the agent loop and the
+sandbox: the tiny recipe's rollouts ran 10x slower (40 s a step instead of 3 s; docs/benchmarks.md,
+"Rollout engines"). A `VLLM_CPU_OMP_THREADS_BIND` you set yourself wins. Nothing changes on
 other platforms.
 """
 
@@ -19,6 +25,10 @@ def register() -> None:
 
     if not current_platform.is_cpu():
         return
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
     import torch
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
