@@ -1,6 +1,7 @@
 """Benchmarks of the library with a command of their own: `rstar bench-scheduler` (the static
-split against the KV-aware balanced scheduler) and `rstar bench-peers` (the project against what
-people would pick instead, on the same work). Each writes its section of docs/benchmarks.md."""
+split against the KV-aware balanced scheduler), `rstar bench-engines` (the embedded HF engine
+against vLLM's CPU build) and `rstar bench-peers` (the project against what people would pick
+instead, on the same work). Each writes its section of docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -29,6 +30,23 @@ def bench_peers_command(
     from rstar.peers.bench import run_peer_benchmark
 
     run_peer_benchmark(config, steps, seeds, root, out, png, code_judge)
+
+
+def bench_engines_command(
+    config: str = typer.Option("configs/tiny.yaml"),
+    steps: int = typer.Option(6, min=2, help="Steps of RL stage 1's rollouts per engine."),
+    root: str = typer.Option(
+        None,
+        help="Storage root of a finished run of the recipe (default: the recipe's): its SFT "
+        "checkpoint and problems.",
+    ),
+    out: str = typer.Option("docs/benchmarks.md"),
+) -> None:
+    """The embedded HF engine against vLLM's CPU build on the recipe's stage-1 rollouts, side by
+    side -> docs/benchmarks.md."""
+    from rstar.rollout.engine_bench import run_engine_benchmark
+
+    run_engine_benchmark(config, steps, root, out)
 
 
 def bench_scheduler_command(

@@ -12,9 +12,8 @@ next token uses. It can go when vLLM's CPU build reloads packed weights.
 It also binds vLLM's compute threads to every core this process may use. vLLM's automatic
 binding keeps one core for its scheduler, which polls without sleeping, and puts the model on
 the rest. On 2 cores that leaves the model one core, which it shares with the agent loop and the
-sandbox: the tiny recipe's rollouts ran 10x slower (40 s a step instead of 3 s; docs/benchmarks.md,
-"Rollout engines"). A `VLLM_CPU_OMP_THREADS_BIND` you set yourself wins. Nothing changes on
-other platforms.
+sandbox. A `VLLM_CPU_OMP_THREADS_BIND` you set yourself wins. Nothing changes on other
+platforms.
 """
 
 from __future__ import annotations

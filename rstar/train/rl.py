@@ -88,6 +88,13 @@ async def train_from(
         return trainer
 
 
+def step_prompts(problems: list[dict], cfg: StageConfig, step: int) -> list[dict]:
+    """The problems a stage trains on at `step`: a draw of its seed, name and step alone, so a
+    resumed stage (and a benchmark of the same stage) sees the same prompts."""
+    rng = random.Random(f"{cfg.seed}/{cfg.name}/{step}")
+    return rng.sample(problems, min(cfg.prompts_per_step, len(problems)))
+
+
 class RLTrainer:
     def __init__(
         self,
@@ -179,10 +186,6 @@ class RLTrainer:
         return "initialised"
 
     # -- the loop ----------------------------------------------------------------------------
-    def prompts_for(self, step: int) -> list[dict]:
-        rng = random.Random(f"{self.cfg.seed}/{self.cfg.name}/{step}")
-        return rng.sample(self.problems, min(self.cfg.prompts_per_step, len(self.problems)))
-
     async def run(self) -> list[dict]:
         """Train until `steps`, resuming from the stage's checkpoint when there is one."""
         self.started_as = self.try_resume()
@@ -222,7 +225,11 @@ class RLTrainer:
         k = cfg.roc.group_size * cfg.roc.oversample
         self.model.eval()
         sampled = await sample(
-            loop, self.prompts_for(self.step), k, stage=cfg.name, policy_step=self.step
+            loop,
+            step_prompts(self.problems, cfg, self.step),
+            k,
+            stage=cfg.name,
+            policy_step=self.step,
         )
         t_rollout = time.monotonic() - t0
         records = await score(loop, sampled, scorer, stage=cfg.name, policy_step=self.step)
