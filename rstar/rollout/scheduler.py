@@ -8,7 +8,9 @@ prefix, or, when that one is full, to one with room (see `plan_dispatch`), so no
 ever over-committed (no evictions, by construction).
 The reservation is released when the turn ends, so a rollout waiting on a tool call holds
 nothing and the replica keeps generating others. A replica that dies has
-its requests re-queued to the others.
+its requests re-queued to the others; so has one that stays alive but answers nothing for
+`stall_timeout_s` while it holds requests (a wedged engine raises no error: without this the
+stage would wait for ever).
 
 Both schedulers are engines themselves (`generate(request_id, prompt_ids, params)`), so the
 agent loop runs on top of either unchanged.
@@ -20,6 +22,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -93,6 +96,7 @@ class ReplicaSlot:
     alive: bool = True
     served: int = 0
     inflight: set = field(default_factory=set)
+    last_progress: float = 0.0  # monotonic: its last answer, or when it last went from idle to busy
 
     @property
     def free(self) -> int:
@@ -103,11 +107,19 @@ class ReplicaLost(Exception):
     pass
 
 
+class ReplicaStalled(Exception):
+    pass
+
+
 class BalancedScheduler:
     """`chunk_tokens`: generate a turn in requests of at most that many new tokens, each
     reserving only its own chunk and continuing from the tokens so far (token in, token out),
     so a replica reserves for what is being generated rather than for the whole budget; worth
-    it with an engine whose prefix cache makes the continuation's prefill cheap (vLLM)."""
+    it with an engine whose prefix cache makes the continuation's prefill cheap (vLLM).
+
+    `stall_timeout_s`: a replica holding requests that answers none of them for this long is
+    treated as dead. The default is far above any one answer of a working replica (a chunk of
+    2,048 tokens, or a tiny recipe's whole turn) and well below "the run looks hung"."""
 
     def __init__(
         self,
@@ -116,6 +128,7 @@ class BalancedScheduler:
         *,
         max_attempts: int = 3,
         chunk_tokens: int | None = None,
+        stall_timeout_s: float = 600.0,
     ) -> None:
         caps = (
             capacity_tokens
@@ -133,6 +146,7 @@ class BalancedScheduler:
         self.home: dict[str, int] = {}  # rollout in progress -> the replica holding its prefix
         self.max_attempts = max_attempts
         self.chunk_tokens = chunk_tokens
+        self.stall_timeout_s = stall_timeout_s
         self.requeued = 0
 
     @property
@@ -211,6 +225,8 @@ class BalancedScheduler:
 
     def _start(self, i: int, req: _Request) -> None:
         rep = self.replicas[i]
+        if not rep.inflight:
+            rep.last_progress = time.monotonic()
         rep.reserved += req.need
         rep.inflight.add(req.request_id)
         self.home[rollout_of(req.request_id)] = i
@@ -219,7 +235,7 @@ class BalancedScheduler:
     async def _run(self, i: int, req: _Request) -> None:
         rep = self.replicas[i]
         try:
-            gen = await rep.engine.generate(req.request_id, req.prompt_ids, req.params)
+            gen = await self._answer(i, req)
         except Exception as e:  # noqa: BLE001 - a dead replica: its requests go elsewhere
             log.warning("replica %d failed (%r); re-queueing %s", i, e, req.request_id)
             rep.alive = False
@@ -231,11 +247,31 @@ class BalancedScheduler:
                 self.waiting.insert(0, req)
         else:
             rep.served += 1
+            rep.last_progress = time.monotonic()
             req.future.set_result(gen)
         finally:
             rep.reserved -= req.need
             rep.inflight.discard(req.request_id)
             self._dispatch()
+
+    async def _answer(self, i: int, req: _Request) -> Generation:
+        """The replica's answer, or ReplicaStalled once it has answered nothing for
+        `stall_timeout_s` (any answer of it, to this request or another, counts)."""
+        rep = self.replicas[i]
+        call = asyncio.ensure_future(
+            rep.engine.generate(req.request_id, req.prompt_ids, req.params)
+        )
+        while True:
+            silent = time.monotonic() - rep.last_progress
+            done, _ = await asyncio.wait({call}, timeout=max(self.stall_timeout_s - silent, 0.0))
+            if done:
+                return call.result()
+            if time.monotonic() - rep.last_progress >= self.stall_timeout_s:
+                call.cancel()
+                raise ReplicaStalled(
+                    f"replica {i} ({type(rep.engine).__name__}) answered none of its "
+                    f"{len(rep.inflight)} requests for {self.stall_timeout_s:.0f} s"
+                )
 
 
 class StaticScheduler:

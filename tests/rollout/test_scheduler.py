@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from rstar.agent.loop import Generation
-from rstar.rollout.scheduler import BalancedScheduler, StaticScheduler, plan_dispatch
+from rstar.rollout.scheduler import (
+    BalancedScheduler,
+    ReplicaLost,
+    StaticScheduler,
+    plan_dispatch,
+)
 from rstar.rollout.simulate import ReplicaModel, Workload, lower_bound, simulate
 
 
@@ -195,3 +200,58 @@ def test_simulation_invariants(seed, replicas, capacity, tight):
     assert static.makespan_s >= bound * 0.999 and balanced.makespan_s >= bound * 0.999
     assert 0 <= balanced.idle_fraction < 1 and 0 <= static.idle_fraction < 1
     assert simulate(work, model, replicas, "balanced", gen_chunk=256) == balanced  # deterministic
+
+
+class WedgedReplica:
+    """Alive (it raises nothing) and never answers, as an engine stuck in a collective."""
+
+    def __init__(self):
+        self.cancelled = 0
+
+    async def generate(self, request_id, prompt_ids, params):
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+class OneAtATimeReplica(FakeReplica):
+    """Serves its requests one after another: a busy replica whose last request waits long,
+    though it answers something every 0.1 s."""
+
+    def __init__(self, name, capacity):
+        super().__init__(name, capacity)
+        self.lock = asyncio.Lock()
+
+    async def generate(self, request_id, prompt_ids, params):
+        async with self.lock:
+            await asyncio.sleep(0.1)
+            self.served.append(request_id)
+            return Generation([1], [0.0])
+
+
+async def test_a_replica_that_answers_nothing_loses_its_requests_to_the_others():
+    wedged, good = WedgedReplica(), FakeReplica("good", 1000)
+    sched = BalancedScheduler([wedged, good], [1000, 1000], stall_timeout_s=0.3)
+    gens = await asyncio.wait_for(
+        asyncio.gather(*(sched.generate(f"r{i}/1", [1, 2], {"max_tokens": 4}) for i in range(6))),
+        timeout=10,
+    )
+    assert len(gens) == 6 and sorted(good.served) == sorted(f"r{i}/1" for i in range(6))
+    assert wedged.cancelled > 0 and sched.requeued == wedged.cancelled
+    assert not sched.replicas[0].alive
+
+
+async def test_a_stage_on_wedged_replicas_ends_in_an_error_naming_the_stall():
+    sched = BalancedScheduler([WedgedReplica()], 1000, stall_timeout_s=0.2, max_attempts=1)
+    with pytest.raises(ReplicaLost, match="replica 0 .WedgedReplica. answered none of its 1"):
+        await asyncio.wait_for(sched.generate("r/1", [1], {"max_tokens": 4}), timeout=10)
+
+
+async def test_a_busy_replica_that_keeps_answering_is_not_a_stalled_one():
+    rep = OneAtATimeReplica("busy", 1000)
+    sched = BalancedScheduler([rep], 1000, stall_timeout_s=0.35)
+    # 8 requests, answered 0.1 s apart: the last waits 0.8 s, more than the timeout
+    await asyncio.gather(*(sched.generate(f"r{i}/1", [1], {"max_tokens": 4}) for i in range(8)))
+    assert len(rep.served) == 8 and sched.requeued == 0 and sched.replicas[0].alive
