@@ -179,33 +179,23 @@ def run_peer_benchmark(
     import torch
     from transformers.utils import logging as hf_logging
 
-    from rstar.agent.loop import LoopConfig
     from rstar.data.io import read_table
     from rstar.eval.metrics import overall_accuracy
     from rstar.eval.run import evaluate_model
     from rstar.pipeline.config import load_recipe
     from rstar.pipeline.layout import Layout
+    from rstar.train.rl import loop_config
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     hf_logging.disable_progress_bar()  # a bar per checkpoint written or loaded
     recipe = load_recipe(config)
     layout = Layout(root or recipe.storage_root)
-    sft = layout.model("sft")
-    if not os.path.isdir(sft):
-        raise FileNotFoundError(
-            f"no SFT checkpoint at {sft}: run the pipeline first (`make run`), or pass --root with "
-            "the storage root of a finished run"
-        )
+    sft = layout.finished_sft()
     problems = read_table(layout.dataset("train_problems"), "problems").to_pylist()
     held_out = read_table(layout.dataset("eval_problems"), "problems").to_pylist()
     stage = recipe.rl[0]
     base_cfg = replace(stage, steps=steps, prompt_style=recipe.prompt_style)
-    loop_cfg = LoopConfig(
-        max_turns=stage.max_turns,
-        max_response_tokens=stage.max_response_tokens,
-        temperature=stage.temperature,
-        prompt_style=recipe.prompt_style,
-    )
+    loop_cfg = loop_config(base_cfg)
 
     def held_out_accuracy(model_dir: str, name: str) -> float:
         _, summary = evaluate_model(

@@ -17,6 +17,17 @@ class Layout:
     def model(self, stage: str) -> str:
         return f"{self.root}/models/{stage}"
 
+    def finished_sft(self) -> str:
+        """The SFT checkpoint of a finished run (what benchmarks start from), or an error saying
+        how to get one."""
+        sft = self.model("sft")
+        if not os.path.isdir(sft):
+            raise FileNotFoundError(
+                f"no SFT checkpoint at {sft}: run the pipeline first (`make run`), or pass --root "
+                "with the storage root of a finished run"
+            )
+        return sft
+
     def registered(self, stage: str, digest: str) -> str:
         """Where a registered version of a stage's model lies, never overwritten (dirs.snapshot)."""
         return f"{self.root}/registry/{stage}-{digest}"

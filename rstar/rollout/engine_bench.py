@@ -85,29 +85,19 @@ def run_engine_benchmark(config: str, steps: int, root: str | None, out: str) ->
     import torch
     import vllm
 
-    from rstar.agent.loop import LoopConfig
     from rstar.data.io import read_table
     from rstar.pipeline.config import load_recipe
     from rstar.pipeline.layout import Layout
     from rstar.sandbox.bench import cpu_model
+    from rstar.train.rl import loop_config
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     recipe = load_recipe(config)
     layout = Layout(root or recipe.storage_root)
-    sft = layout.model("sft")
-    if not os.path.isdir(sft):
-        raise FileNotFoundError(
-            f"no SFT checkpoint at {sft}: run the pipeline first (`make run`), or pass --root with "
-            "the storage root of a finished run"
-        )
+    sft = layout.finished_sft()
     problems = read_table(layout.dataset("train_problems"), "problems").to_pylist()
     stage = replace(recipe.rl[0], prompt_style=recipe.prompt_style)
-    loop_cfg = LoopConfig(
-        max_turns=stage.max_turns,
-        max_response_tokens=stage.max_response_tokens,
-        temperature=stage.temperature,
-        prompt_style=recipe.prompt_style,
-    )
+    loop_cfg = loop_config(stage)
     start = time.monotonic()
     s = summarize(asyncio.run(compare_engines(sft, problems, stage, loop_cfg, steps)))
     wall = time.monotonic() - start

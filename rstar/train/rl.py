@@ -88,6 +88,16 @@ async def train_from(
         return trainer
 
 
+def loop_config(cfg: StageConfig) -> LoopConfig:
+    """The agent loop's settings of an RL stage: what its rollouts are sampled with."""
+    return LoopConfig(
+        max_turns=cfg.max_turns,
+        max_response_tokens=cfg.max_response_tokens,
+        temperature=cfg.temperature,
+        prompt_style=cfg.prompt_style,
+    )
+
+
 def step_prompts(problems: list[dict], cfg: StageConfig, step: int) -> list[dict]:
     """The problems a stage trains on at `step`: a draw of its seed, name and step alone, so a
     resumed stage (and a benchmark of the same stage) sees the same prompts."""
@@ -190,17 +200,7 @@ class RLTrainer:
         """Train until `steps`, resuming from the stage's checkpoint when there is one."""
         self.started_as = self.try_resume()
         engine = HFEngine(self.model, seed=self.cfg.seed)
-        loop = AgentLoop(
-            engine,
-            self.tok,
-            self.sandbox,
-            LoopConfig(
-                max_turns=self.cfg.max_turns,
-                max_response_tokens=self.cfg.max_response_tokens,
-                temperature=self.cfg.temperature,
-                prompt_style=self.cfg.prompt_style,
-            ),
-        )
+        loop = AgentLoop(engine, self.tok, self.sandbox, loop_config(self.cfg))
         with BatchScorer(workers=1) as scorer:
             while self.step < self.cfg.steps:
                 self.step += 1
