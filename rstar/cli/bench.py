@@ -44,7 +44,7 @@ def bench_engines_command(
 ) -> None:
     """The embedded HF engine against vLLM's CPU build on the recipe's stage-1 rollouts, side by
     side -> docs/benchmarks.md."""
-    from rstar.rollout.engine_bench import run_engine_benchmark
+    from rstar.peers.engines import run_engine_benchmark
 
     run_engine_benchmark(config, steps, root, out)
 
