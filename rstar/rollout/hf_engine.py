@@ -8,17 +8,22 @@ time. Same token-in/token-out interface as the vLLM engine: `generate(request_id
 prompt_ids, sampling_params) -> Generation`.
 
 Log-probs and entropies are those of the distribution actually sampled from (after
-temperature, before top-p truncation).
+temperature, before top-p truncation). Each request draws its tokens from its own random
+stream, seeded by the engine's seed and the request id, so what it samples does not depend on
+which other requests share its batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
+from transformers.cache_utils import Cache, DynamicLayer
 
 from rstar.agent.loop import Generation
 
@@ -28,7 +33,7 @@ class _Seq:
     prompt_ids: list[int]
     params: dict
     future: asyncio.Future
-    generator: torch.Generator
+    rng: random.Random
     out: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
@@ -37,8 +42,64 @@ class _Seq:
     stop_reason: str = "stop"
 
 
+ROOM = 256  # decoding steps a cache layer grows by: a copy of the cache once per ROOM steps
+
+
+class _GrowingLayer(DynamicLayer):
+    """One layer's keys and values in a buffer with room to grow: a decoding step writes its
+    column in place, where DynamicLayer copies the whole cache (torch.cat) at every step."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self.keys = self.values = self._k = self._v = keys[:, :, :0]
+        self.update(keys, values)
+
+    def update(self, keys, values, *args, **kwargs):
+        n, end = self.keys.shape[2], self.keys.shape[2] + keys.shape[2]
+        if end > self._k.shape[2]:  # room for ROOM more steps, keeping what is there
+            shape = (*keys.shape[:2], end + ROOM, keys.shape[3])
+            self._k, self._v = (
+                torch.cat([old[:, :, :n], old.new_empty(shape)[:, :, n:]], dim=2)
+                for old in (self._k, self._v)
+            )
+        self._k[:, :, n:end] = keys
+        self._v[:, :, n:end] = values
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        return self.keys, self.values
+
+
+def _cache(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Cache:
+    return Cache(layers=[_GrowingLayer(k, v) for k, v in layers])
+
+
 def _pad_left(t: torch.Tensor, to: int) -> torch.Tensor:
     return t if t.shape[2] == to else torch.nn.functional.pad(t, (0, 0, to - t.shape[2], 0))
+
+
+def sample(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A token per row of `logits` [batch, vocab]: row i's distribution at `temperature[i]`
+    (<= 0: greedy), truncated to its `top_p[i]` nucleus, sampled by inverting its CDF at the
+    uniform number `u[i]`. Returns the tokens, their log-probs and the rows' entropies, both
+    under the tempered distribution before truncation."""
+    greedy = temperature <= 0
+    logits = logits.float().cpu()
+    logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temperature)[:, None], -1)
+    probs = logp.exp()
+    entropies = -(probs * logp).sum(-1)
+    order = None
+    if bool((top_p < 1.0).any()):  # keep the most likely tokens until their mass reaches top_p
+        probs, order = probs.sort(-1, descending=True)
+        outside = (probs.cumsum(-1) - probs >= top_p[:, None]) & (top_p[:, None] < 1.0)
+        probs = probs.masked_fill(outside, 0.0)
+    cdf = probs.cumsum(-1)
+    picks = torch.searchsorted(cdf, u[:, None].to(cdf.dtype) * cdf[:, -1:], right=True)
+    picks = picks.clamp(max=cdf.shape[-1] - 1)  # u * total may round up to the total
+    tokens = (picks if order is None else order.gather(-1, picks)).squeeze(-1)
+    tokens = torch.where(greedy, logits.argmax(-1), tokens)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1), entropies
 
 
 class HFEngine:
@@ -52,10 +113,14 @@ class HFEngine:
         self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", 4096)
         self._waiting: list[_Seq] = []
         self._active: list[_Seq] = []
-        self._cache = None  # per layer (keys, values), [batch, heads, width, dim], left-padded
+        self._cache: Cache | None = None  # [batch, heads, width, dim] per layer, left-padded
         self._width = 0  # cache positions, padding included
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        # Every step runs on this one thread: torch gives each calling thread its own OpenMP
+        # team, and asyncio's default executor hands steps to whichever of its threads is free,
+        # so idle teams spun on the cores the running one needed (decoding 1.6x slower).
+        self._thread: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()  # weights may be swapped between steps (RL updates)
         self.steps = 0
         self.tokens_generated = 0
@@ -76,15 +141,12 @@ class HFEngine:
         self, request_id: str, prompt_ids: list[int], sampling_params: dict
     ) -> Generation:
         if self._task is None or self._task.done():
+            self._thread = self._thread or ThreadPoolExecutor(1, thread_name_prefix="hf-engine")
+            self._wake = asyncio.Event()  # of the running event loop
             self._task = asyncio.create_task(self._run())
-        g = torch.Generator(device="cpu")
-        g.manual_seed(
-            int.from_bytes(
-                hashlib.sha256(f"{self.seed}/{request_id}".encode()).digest()[:8], "little"
-            )
-        )
+        rng = random.Random(hashlib.sha256(f"{self.seed}/{request_id}".encode()).digest())
         seq = _Seq(
-            list(prompt_ids), dict(sampling_params), asyncio.get_running_loop().create_future(), g
+            list(prompt_ids), dict(sampling_params), asyncio.get_running_loop().create_future(), rng
         )
         self._waiting.append(seq)
         self._wake.set()
@@ -99,6 +161,9 @@ class HFEngine:
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._thread:
+            self._thread.shutdown()
+            self._thread = None
 
     # -- the batching loop --------------------------------------------------------------------
     async def _run(self) -> None:
@@ -108,7 +173,9 @@ class HFEngine:
                 await self._wake.wait()
             joining = self._waiting[: self.max_batch - len(self._active)]
             del self._waiting[: len(joining)]
-            finished = await asyncio.to_thread(self._step, joining)
+            finished = await asyncio.get_running_loop().run_in_executor(
+                self._thread, self._step, joining
+            )
             for seq in finished:
                 if not seq.future.done():
                     seq.future.set_result(
@@ -124,16 +191,16 @@ class HFEngine:
             if not self._active:
                 return done
             ids = torch.tensor([[s.next_token] for s in self._active], device=self.device)
-            positions = torch.tensor([[s.length] for s in self._active], device=self.device)
-            mask = self._attention_mask(extra=1)
+            lengths = torch.tensor([s.length for s in self._active], device=self.device)
+            # left-padded: a row's real tokens are the last `length` cache columns, plus the new one
+            columns = torch.arange(self._width + 1, device=self.device)
             out = self.model(
                 input_ids=ids,
-                position_ids=positions,
-                attention_mask=mask,
-                past_key_values=self._as_cache(),
+                position_ids=lengths[:, None],
+                attention_mask=(columns >= self._width - lengths[:, None]).long(),
+                past_key_values=self._cache,  # grows in place
                 use_cache=True,
             )
-            self._keep_cache(out.past_key_values)
             self._width += 1
             for s in self._active:
                 s.length += 1
@@ -160,67 +227,41 @@ class HFEngine:
         layers = self._layers(out.past_key_values)
         width = max(self._width, longest)
         if self._cache is None:
-            self._cache = layers
+            self._cache = _cache(layers)
         else:
-            self._cache = [
-                (
-                    torch.cat([_pad_left(k0, width), _pad_left(k1, width)]),
-                    torch.cat([_pad_left(v0, width), _pad_left(v1, width)]),
-                )
-                for (k0, v0), (k1, v1) in zip(self._cache, layers)
-            ]
+            self._cache = _cache(
+                [
+                    (
+                        torch.cat([_pad_left(k0, width), _pad_left(k1, width)]),
+                        torch.cat([_pad_left(v0, width), _pad_left(v1, width)]),
+                    )
+                    for (k0, v0), (k1, v1) in zip(self._layers(self._cache), layers)
+                ]
+            )
         self._width = width
         for s in seqs:
             s.length = len(s.prompt_ids)
             self._active.append(s)
         self._sample_all(seqs, out.logits[:, -1, :])
 
-    def _attention_mask(self, extra: int) -> torch.Tensor:
-        mask = torch.zeros(
-            len(self._active), self._width + extra, dtype=torch.long, device=self.device
-        )
-        for i, s in enumerate(self._active):
-            mask[i, self._width - s.length :] = 1
-        return mask
-
     @staticmethod
     def _layers(cache):
         return [(layer.keys, layer.values) for layer in cache.layers]
 
-    def _as_cache(self):
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
-        for i, (k, v) in enumerate(self._cache):
-            cache.update(k, v, i)
-        return cache
-
-    def _keep_cache(self, cache) -> None:
-        self._cache = self._layers(cache)
-
     def _sample_all(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
-        """One token for each of `seqs` (rows of `logits`): the distributions of the whole batch at
-        once, then each draw from its request's own generator (its tokens do not depend on its
-        batch)."""
-        temps = torch.tensor([float(s.params.get("temperature", 1.0)) for s in seqs])
-        logits = logits.float().cpu()
-        logp = torch.log_softmax(logits / torch.where(temps > 0, temps, 1.0)[:, None], -1)
-        probs = logp.exp()
-        entropies = (-(probs * logp).sum(-1)).tolist()
-        for i, seq in enumerate(seqs):
-            if temps[i] <= 0:  # greedy
-                token = int(torch.argmax(logits[i]))
-            else:
-                p = probs[i]
-                top_p = float(seq.params.get("top_p", 1.0))
-                if top_p < 1.0:
-                    sorted_p, order = torch.sort(p, descending=True)
-                    keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p
-                    p = torch.zeros_like(p).scatter(0, order[keep], sorted_p[keep])
-                token = int(torch.multinomial(p, 1, generator=seq.generator))
+        """One token for each of `seqs` (rows of `logits`), the whole batch at once."""
+        tokens, log_probs, entropies = sample(
+            logits,
+            torch.tensor([float(s.params.get("temperature", 1.0)) for s in seqs]),
+            torch.tensor([float(s.params.get("top_p", 1.0)) for s in seqs]),
+            torch.tensor([s.rng.random() for s in seqs]),
+        )
+        for seq, token, lp, ent in zip(
+            seqs, tokens.tolist(), log_probs.tolist(), entropies.tolist()
+        ):
             seq.out.append(token)
-            seq.log_probs.append(float(logp[i, token]))
-            seq.entropies.append(entropies[i])
+            seq.log_probs.append(lp)
+            seq.entropies.append(ent)
             seq.next_token = token
         self.tokens_generated += len(seqs)
 
@@ -244,9 +285,11 @@ class HFEngine:
                 idx = torch.tensor(keep, device=self.device)
                 # drop columns that are padding for all
                 trim = self._width - max(s.length for s in self._active)
-                self._cache = [
-                    (k.index_select(0, idx)[:, :, trim:], v.index_select(0, idx)[:, :, trim:])
-                    for k, v in self._cache
-                ]
+                self._cache = _cache(
+                    [
+                        (k.index_select(0, idx)[:, :, trim:], v.index_select(0, idx)[:, :, trim:])
+                        for k, v in self._layers(self._cache)
+                    ]
+                )
                 self._width -= trim
         return done

@@ -80,3 +80,41 @@ async def test_stop_tokens_sampling_and_reproducibility(model):
         float(torch.log_softmax(logits, -1)[s1.token_ids[0]]), abs=1e-4
     )
     await engine.close()
+
+
+def test_sampler_draws_each_rows_tempered_nucleus():
+    """Rows with different settings in one batch: each is drawn from its own distribution."""
+    from rstar.rollout.hf_engine import sample
+
+    n = 20000
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, -30.0]).repeat(4 * n, 1)
+    settings = [(1.0, 1.0), (0.5, 1.0), (1.0, 0.8), (0.0, 1.0)]  # (temperature, top_p) per block
+    temps = torch.tensor([t for t, _ in settings]).repeat_interleave(n)
+    top_p = torch.tensor([p for _, p in settings]).repeat_interleave(n)
+    u = torch.rand(4 * n, generator=torch.Generator().manual_seed(0))
+    tokens, log_probs, entropies = sample(logits, temps, top_p, u)
+
+    p1 = torch.softmax(logits[0], -1)
+    nucleus = torch.zeros(5)
+    nucleus[:2] = p1[:2] / p1[:2].sum()  # 0.64 < 0.8 <= 0.64 + 0.24
+    expected = [p1, torch.softmax(logits[0] / 0.5, -1), nucleus, torch.eye(5)[0]]
+    for block, want in enumerate(expected):
+        drawn = tokens[block * n : (block + 1) * n]
+        freq = torch.bincount(drawn, minlength=5).float() / n
+        assert torch.allclose(freq, want, atol=0.01), (block, freq, want)
+    # log-probs and entropies are those of the tempered distribution, before the nucleus
+    logp = torch.log_softmax(logits / torch.where(temps > 0, temps, 1.0)[:, None], -1)
+    assert torch.allclose(log_probs, logp.gather(-1, tokens[:, None]).squeeze(-1))
+    assert torch.allclose(entropies, -(logp.exp() * logp).sum(-1), atol=1e-6)
+
+
+async def test_what_a_request_samples_does_not_depend_on_its_batch(model):
+    params = {"max_tokens": 12, "temperature": 1.0}
+    alone = HFEngine(model, seed=1)
+    solo = await alone.generate("x", [7, 8, 9], params)
+    await alone.close()
+    crowded = HFEngine(model, seed=1)
+    others = [crowded.generate(f"o{i}", [5 + i] * (2 + 3 * i), params) for i in range(5)]
+    together, *_ = await asyncio.gather(crowded.generate("x", [7, 8, 9], params), *others)
+    await crowded.close()
+    assert together.token_ids == solo.token_ids

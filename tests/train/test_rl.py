@@ -322,5 +322,59 @@ def test_an_update_raises_rewarded_tokens_lowers_the_rest_and_never_trains_tool_
     after = model_token_log_probs()
     assert after[0] > before[0] and after[1] < before[1], (before, after)
     (scored,) = seen
-    assert torch.all(scored.grad[mask == 0] == 0)  # tool tokens and padding: no gradient
-    assert torch.all(scored.grad[mask == 1] != 0)
+    (order,) = rl._micro_batches([0, 1], [prompt + r["response_ids"] for r in rows], 8)
+    scored_mask = mask[order]  # the micro-batch's rows, shortest first
+    assert torch.all(scored.grad[scored_mask == 0] == 0)  # tool tokens and padding: no gradient
+    assert torch.all(scored.grad[scored_mask == 1] != 0)
+
+
+def test_batched_log_probs_are_each_sequences_alone(tiny_dir):
+    """Left padding and scoring only the last columns: each row's response log-probs are those
+    of a plain forward pass over that sequence alone."""
+    from transformers import AutoModelForCausalLM
+
+    from rstar.train.rl import _log_probs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    seqs = [[5, 9, 14, 3, 7, 8, 20, 21], [5, 9, 2, 11], [6] * 12 + [30, 31], [8, 40, 41, 42, 43]]
+    starts = [3, 2, 12, 1]  # a long prompt with a short response, and the other way round
+    with torch.no_grad():
+        batched = _log_probs(model, seqs, starts, 7, 0.7)
+        for row, (s, start) in enumerate(zip(seqs, starts)):
+            logits = model(torch.tensor([s])).logits[0].float() / 0.7
+            alone = torch.log_softmax(logits, -1)[torch.arange(start - 1, len(s) - 1), s[start:]]
+            n = len(s) - start
+            assert torch.allclose(batched[row, :n], alone, atol=1e-5), row
+            assert torch.all(batched[row, n:] == 0)
+
+
+def test_micro_batches_of_like_length_give_the_whole_batchs_update(tiny_dir, tokenizer):
+    """Rows regrouped by length into micro-batches: the same loss and gradient as one batch."""
+    from transformers import AutoModelForCausalLM
+
+    from rstar.train.rl import _micro_batches
+
+    seqs = [[1] * n for n in (9, 3, 7, 3, 12, 5)]
+    batches = _micro_batches([0, 1, 2, 3, 4, 5], seqs, 4)
+    assert batches == [[1, 3, 5, 2], [0, 4]]
+
+    prompt = [5, 9, 14, 3]
+    responses = [[40 + i] * n for i, n in enumerate((6, 2, 9, 3, 1, 5))]
+    kept = [
+        {
+            "prompt_ids": prompt[: 1 + i % 4],
+            "response_ids": r,
+            "response_mask": [1] * len(r),
+            "group_id": f"g{i // 2}",
+            "reward": float(i % 2),
+        }
+        for i, r in enumerate(responses)
+    ]
+    updates = []  # loss and gradient norm (Adam's first step is about lr * sign: all noise)
+    for micro in (2, 6):
+        model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+        c = cfg(1)
+        c.micro_batch_size = micro
+        m = RLTrainer(model, tokenizer, [], None, c, "unused").update(kept)
+        updates.append((m["loss"], m["grad_norm"]))
+    assert updates[0] == pytest.approx(updates[1], rel=1e-5) and updates[0][1] > 0
