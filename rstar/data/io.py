@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from rstar.data.schema import VERSION, schema
 from rstar.errors import NotRetryable
-from rstar.storage import atomic_write, atomic_write_text, filesystem
+from rstar.storage import atomic_write, atomic_write_text, filesystem, is_remote
 
 
 class DataError(NotRetryable, ValueError):
@@ -35,6 +35,11 @@ def read_parquet(path: str, columns: list[str] | None = None) -> pa.Table:
     if not fs.exists(inner):
         raise DataError(f"{path}: no such file")
     try:
+        if not is_remote(path):
+            # natively, not through a Python file object: pyarrow's I/O threads then never wait
+            # on the GIL, which at interpreter exit aborted the process ("terminate called
+            # without an active exception")
+            return pq.read_table(inner, columns=columns)
         with fs.open(inner, "rb") as f:
             return pq.read_table(f, columns=columns)
     except (pa.ArrowInvalid, OSError) as e:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from rstar.data.io import DataError, read_parquet
+from rstar.data.packaged import is_packaged, packaged_rows
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,11 @@ def get_field(row: dict, path: str):
 
 
 def read_rows(source: str, *, split: str = "train") -> Iterator[tuple[int, dict | BadRow]]:
-    """Rows of a Parquet file, a JSONL file, or (any other string) a Hugging Face dataset name."""
-    if source.endswith(".parquet"):
+    """Rows of a Parquet file, a JSONL file, a package's problems (rstar.data.packaged), or (any
+    other string) a Hugging Face dataset name."""
+    if is_packaged(source):
+        yield from packaged_rows(source)
+    elif source.endswith(".parquet"):
         yield from enumerate(read_parquet(source).to_pylist())
     elif source.endswith((".jsonl", ".json")):
         yield from _jsonl_rows(source)

@@ -20,6 +20,9 @@ from rstar.agent.format import STYLES
 from rstar.data import check_names, synth
 from rstar.data import sft as sft_data
 from rstar.data.curate import SourceSpec
+from rstar.data.io import DataError
+from rstar.data.packaged import check as check_packaged
+from rstar.data.packaged import is_packaged
 from rstar.data.sources import column_error
 from rstar.errors import NotRetryable
 from rstar.eval.benchmarks import BENCHMARKS
@@ -50,13 +53,18 @@ class Synthetic(_Strict):
 
 
 class ProblemSet(_Strict):
-    """Synthetic problems, or files (Parquet/JSONL, local or s3://, 'path:preset') to curate;
-    for the held-out set also (or instead) `benchmarks`: name -> a file in the benchmark's
-    public layout, or null for its hub dataset (rstar.eval.benchmarks), taken as published."""
+    """Synthetic problems, or files to curate (Parquet/JSONL, local or s3://, 'path:preset', a
+    hub dataset, or problems a package ships: 'champ://', 'reasoning-gym://<dataset>?n=..',
+    rstar.data.packaged); for the held-out set also (or instead) `benchmarks`: name -> a file in
+    the benchmark's public layout, or null for its hub dataset (rstar.eval.benchmarks), taken as
+    published."""
 
     synthetic: Synthetic | None = None
     files: list[str] = []
     benchmarks: dict[str, str | None] = {}
+    # keep only problems with an integer answer (the paper's filter); by default training
+    # problems are filtered and held-out files keep every answer form math-verify can score
+    integer_answers: bool | None = None
 
     @model_validator(mode="after")
     def _one(self):
@@ -289,6 +297,11 @@ def load_recipe(path: str, overrides: dict | None = None, *, check_inputs: bool 
             for err in e.errors()
         ]
         raise ConfigError(f"{path}: " + "; ".join(problems)) from None
+    for where, source in _packaged_sources(recipe) if check_inputs else ():
+        try:
+            check_packaged(source)
+        except DataError as e:
+            raise ConfigError(f"{path}: {where}: {e}") from None
     for where, uri, spec in _input_files(recipe) if check_inputs else ():
         try:
             fs, inner = filesystem(uri)
@@ -330,6 +343,13 @@ def _unreadable(fs, inner: str) -> tuple[str | None, list[str] | None]:
     return None, None
 
 
+def _packaged_sources(recipe: Recipe):
+    for section in ("train_problems", "eval_problems"):
+        for i, text in enumerate(getattr(recipe, section).files):
+            if is_packaged(text):
+                yield f"{section}.files.{i}", text
+
+
 def _input_files(recipe: Recipe):
     """(where in the recipe, URI, the problem source's spec or None) of every input file."""
     for i, uri in enumerate(recipe.sft.files):
@@ -340,6 +360,8 @@ def _input_files(recipe: Recipe):
     for section in ("train_problems", "eval_problems"):
         for i, text in enumerate(getattr(recipe, section).files):
             spec = SourceSpec.parse(text)
+            if is_packaged(spec.path):
+                continue
             if spec.path.startswith(("/", ".", "s3://")) or spec.path.endswith(
                 (".parquet", ".jsonl")
             ):

@@ -12,6 +12,7 @@ none of that is in here. With `engine: verl`, SFT and RL run verl's own trainers
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 from dataclasses import replace
@@ -26,6 +27,8 @@ from rstar.pipeline.records import Evaluation, StageInputs, StageOutput, Stored
 from rstar.storage import dirs, filesystem, is_remote
 from rstar.tracking.digest import digest
 from rstar.tracking.mlflow_log import EVAL_LABEL
+
+logger = logging.getLogger(__name__)
 
 
 def _progress(log, clock: StepClock, step: int, metrics: dict) -> None:
@@ -116,7 +119,8 @@ def problems(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
     """Training and held-out problems (synthetic, or curated from files, decontaminated
     against the held-out set). Held-out benchmarks are kept as published, answers of any form
     (MATH-500's expressions, GPQA's letters, scored by math-verify): only unreadable, duplicate
-    and over-long rows go; the integer-answer filter is for training problems."""
+    and over-long rows go; the integer-answer filter is for training problems unless the
+    recipe says otherwise (`integer_answers`). Each curation's report, per source, is logged."""
     from rstar.data import synth
     from rstar.data.curate import CurationConfig, SourceSpec, curate, write_report
     from rstar.data.io import read_table, write_table
@@ -149,9 +153,15 @@ def problems(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
                     path,
                     layout.dataset(f"{name}_rejects"),
                     eval_problems=held_out,
-                    cfg=CurationConfig(integer_only=name == "train"),
+                    cfg=CurationConfig(
+                        integer_only=name == "train"
+                        if spec.integer_answers is None
+                        else spec.integer_answers
+                    ),
                 )
-                write_report(report, layout.reports(f"curation_{name}.json"))
+                log.artifact(write_report(report, layout.reports(f"curation_{name}.json")))
+                for line in report.format().splitlines():
+                    logger.info("%s problems: %s", name, line)
                 rows_kept[name] = report.kept
             if spec.benchmarks:  # held out, as published (rstar.eval.benchmarks)
                 rows = read_table(path, "problems").to_pylist() if spec.files else []

@@ -1,6 +1,6 @@
 """The GPU workers' lock (constraints-gpu.txt) resolves with the project's requirements on the
 platform the workers run (Linux x86_64, CUDA builds from PyPI), and shares constraints.txt's
-versions but the four vLLM's builds pin apart. uv reads the wheels' metadata only: nothing CUDA is
+versions but the five pinned apart (DIFFERENT says why). uv reads the wheels' metadata only: nothing CUDA is
 downloaded (about 55 MB of metadata on a fresh cache)."""
 
 import re
@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 UV = Path(sys.executable).with_name("uv")
 # vLLM 0.27.1's GPU build caps fastapi below 0.137 (the CPU lock overrides that stale cap for
 # Prefect 3.9.1, which needs 0.139) and, through its CUDA kernels' packages, protobuf below 7;
-# its CPU and GPU builds pin triton and apache-tvm-ffi apart (scripts/lock-gpu.sh)
-DIFFERENT = {"fastapi", "protobuf", "triton", "apache-tvm-ffi"}
+# its CPU and GPU builds pin triton and apache-tvm-ffi apart (scripts/lock-gpu.sh); reasoning-gym
+# (the `real` extra: problems read on the CPU, never on a GPU worker) pins tabulate to 0.9.0
+DIFFERENT = {"fastapi", "protobuf", "triton", "apache-tvm-ffi", "tabulate"}
 
 
 def pins(text: str) -> dict[str, str]:
@@ -70,6 +71,6 @@ def test_each_image_installs_from_its_lock_and_the_gpu_one_has_a_compiler():
     gpu, cpu = docker.split('if [ "$ROLE" = gpu ]; then')[2].split("else")
     assert '-c constraints-gpu.txt -e ".[gpu]"' in gpu and "constraints.txt" not in gpu
     assert "build-essential" in docker.split('if [ "$ROLE" = gpu ]; then')[1]
-    assert '-c constraints.txt -e ".[dev,flows]"' in cpu
+    assert '-c constraints.txt -e ".[dev,flows,real]"' in cpu
     check = (ROOT / "scripts" / "gpu-check.sh").read_text()
     assert '-c constraints-gpu.txt -e ".[gpu,dev]"' in check
