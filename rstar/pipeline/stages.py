@@ -54,8 +54,16 @@ def _copy_probe(model, tokenizer, log, recipe: Recipe, *, chat: bool) -> dict:
 # -- the model SFT starts from ----------------------------------------------------------------
 def base(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput:
     """The model SFT starts from: the tiny base shipped with the project (checked against its
-    manifest), built and pretrained here, or taken from a path/hub name."""
+    manifest), built and pretrained here, converted from a GGUF file, or taken from a path/hub
+    name."""
     spec = recipe.base
+    if spec.gguf:
+        from rstar.model.gguf import convert
+
+        made: dict = {}
+        uri = publish(layout.model("base"), lambda tmp: made.update(convert(spec.gguf, tmp)))
+        log.tag("rstar.base_gguf", f"{spec.gguf} sha256 {made['sha256']} ({made['architecture']})")
+        return model_output(uri, "base", {"parameters": made["parameters"]})
     if not spec.build_tiny:
         return model_output(
             publish(layout.model("base"), lambda tmp: _copy_base(spec.path, tmp)), "base", {}
@@ -100,7 +108,7 @@ def _copy_base(path: str, out: str) -> None:
     rStar2-Agent chat template, identical in HF, vLLM and verl, set on its tokenizer."""
     from transformers import AutoTokenizer
 
-    from rstar.agent.format import CHAT_TEMPLATE
+    from rstar.model.gguf import chatml_tokenizer
 
     if not os.path.isdir(path):
         from huggingface_hub import snapshot_download
@@ -109,9 +117,7 @@ def _copy_base(path: str, out: str) -> None:
             path, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
         )
     shutil.copytree(path, out)
-    tok = AutoTokenizer.from_pretrained(path)
-    tok.chat_template = CHAT_TEMPLATE
-    tok.save_pretrained(out)
+    chatml_tokenizer(AutoTokenizer.from_pretrained(path), path).save_pretrained(out)
 
 
 # -- data --------------------------------------------------------------------------------------

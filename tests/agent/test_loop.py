@@ -43,8 +43,16 @@ def call(code, inp="", name=TOOL_NAME):
     )
 
 
-def test_template_renders_what_the_loop_appends(tokenizer):
+@pytest.fixture(params=["tiny", "smollm2"])
+def any_tokenizer(request):
+    """The tiny model's tokenizer (1,584 types, trained here) and a real one (SmolLM2's 49,152
+    BPE types, from its GGUF file): the format must hold for both."""
+    return request.getfixturevalue("tokenizer" if request.param == "tiny" else "real_tokenizer")
+
+
+def test_template_renders_what_the_loop_appends(any_tokenizer):
     """prompt + assistant turn + tool_turn(...) + assistant turn == the template's rendering."""
+    tokenizer = any_tokenizer
     t1 = "<reason>compute</reason>\n" + call("print(6*7)")
     t2 = "<reason>read it</reason>\n<answer>\\boxed{42}</answer>"
     messages = problem_messages("What is 6*7?") + [
@@ -128,7 +136,8 @@ def test_well_formed_and_double_encoded_calls():
     ]
 
 
-async def test_multi_turn_record_and_mask(tokenizer, agent_sandbox):
+async def test_multi_turn_record_and_mask(any_tokenizer, agent_sandbox):
+    tokenizer = any_tokenizer
     turns = [
         "<reason>first</reason>" + call("print(6*7)"),
         "<reason>bad call</reason><tool_call>{oops}</tool_call>",
@@ -160,6 +169,11 @@ async def test_multi_turn_record_and_mask(tokenizer, agent_sandbox):
         == traj.prompt_ids + traj.response_ids[: len(engine.prompts[1]) - len(traj.prompt_ids)]
     )
     assert traj.response_text == tokenizer.decode(traj.response_ids, skip_special_tokens=False)
+    # the whole conversation round-trips: the ids the loop built are what its text encodes to
+    ids = traj.prompt_ids + traj.response_ids
+    assert tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
+    # generation stops at the end of a turn, and only there
+    assert AgentLoop(None, tokenizer, None).stop_ids == [tokenizer.convert_tokens_to_ids(IM_END)]
 
 
 async def test_finish_reasons(tokenizer, agent_sandbox):

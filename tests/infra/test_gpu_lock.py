@@ -1,7 +1,7 @@
 """The GPU workers' lock (constraints-gpu.txt) resolves with the project's requirements on the
 platform the workers run (Linux x86_64, CUDA builds from PyPI), and shares constraints.txt's
-versions but the five pinned apart (DIFFERENT says why). uv reads the wheels' metadata only: nothing CUDA is
-downloaded (about 55 MB of metadata on a fresh cache)."""
+versions but the five pinned apart (DIFFERENT says why). uv reads the wheels' metadata only:
+nothing CUDA is downloaded (about 55 MB of metadata on a fresh cache)."""
 
 import re
 import subprocess
