@@ -73,6 +73,8 @@ def chatml_tokenizer(tok, where: str):
         tok.eos_token = IM_END
     if tok.pad_token is None:
         tok.pad_token = EOS if EOS in vocab else IM_END
+    # a WordPiece clean-up (GGUF conversion turns it on) would alter decoded BPE text
+    tok.clean_up_tokenization_spaces = False
     return tok
 
 
