@@ -66,7 +66,7 @@ def _run(recipe, config: str) -> dict[str, StageOutput]:
             model = run(s.name, StageInputs(model=model, problems=problems)).model
             if s.name == recipe.mine.after:
                 run("mine", StageInputs(model=model, problems=data.datasets["train"]))
-        checkpoints = ["sft"] + [s.name for s in recipe.rl]
+        checkpoints = ["base"] * recipe.eval.include_base + ["sft"] + [s.name for s in recipe.rl]
         copying = {
             m: {k: v for k, v in outs[m].metrics.items() if k.startswith("copy_")}
             for m in ("base", "sft")

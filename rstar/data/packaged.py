@@ -19,6 +19,7 @@ import difflib
 import importlib.metadata
 import importlib.util
 import json
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
@@ -91,7 +92,9 @@ def _gym_request(source: str) -> GymRequest:
 
 def _gym_dataset(source: str, size: int):
     _require("reasoning_gym", "reasoning-gym", source)
-    import reasoning_gym
+    with warnings.catch_warnings():  # cellpylib, which it imports, compares with `is` a literal
+        warnings.simplefilter("ignore", SyntaxWarning)
+        import reasoning_gym
     from reasoning_gym.factory import DATASETS
 
     req = _gym_request(source)
@@ -152,7 +155,7 @@ def packaged_rows(source: str) -> Iterator[tuple[int, dict]]:
                 "id": f"reasoning-gym/{req.name}/{req.seed}/{i}",
                 "problem": question.removesuffix(GSM_SUFFIX),
                 "answer": item["answer"],
-                "generator": req.name,
+                "benchmark": req.name,  # what evaluation reports it under
                 "template": template,
                 "generated": item.get("metadata", {}),
             },
@@ -172,6 +175,7 @@ def _champ_rows() -> Iterator[tuple[int, dict]]:
                 "id": f"champ/{key}",
                 "problem": p["_text"],
                 "answer": p["_answer"],
+                "benchmark": "champ",
                 "category": p["category"],
             },
         )

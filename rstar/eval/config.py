@@ -15,3 +15,6 @@ class EvalConfig:
     max_response_tokens: int = 30_000
     max_turns: int = 30
     seed: int = 0
+    # the pipeline also evaluates its base model: a chat model's starting point (the tiny base
+    # is a language model that has never seen a chat, so its recipe leaves this off)
+    include_base: bool = False

@@ -217,7 +217,7 @@ def sft(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput
     clock = StepClock(cfg.epochs * -(-len(rows) // cfg.batch_size), "sft", every=50)
     history = train_sft(model, tok, rows, cfg, on_step=lambda s, m: _progress(log, clock, s, m))
     log.curves(history, ["loss", "lr", "grad_norm"], "sft_curves.png")
-    copying = _copy_probe(model, tok, log, recipe, chat=True)
+    copying = _copy_probe(model, tok, log, recipe, chat=True) if recipe.base.build_tiny else {}
     return model_output(
         save(model, tok, layout.model("sft"), recipe.prompt_style),
         "sft",
@@ -407,6 +407,7 @@ def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
 def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput:
     """Every model in `inputs.models` on the held-out problems, side by side."""
     from rstar.data.io import read_table, write_json, write_table
+    from rstar.eval.metrics import overall_accuracy
     from rstar.eval.report import write_report
     from rstar.eval.run import evaluate_model, markdown_table
     from rstar.pipeline.verdict import verdict
@@ -446,11 +447,15 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
     # The recipe's verdict when these are its checkpoints (SFT, then RL stages), not a
     # re-evaluation's pick
     recipe_order = ["sft"] + [r.name for r in recipe.rl]
+    trained = {name: s for name, s in summaries.items() if name != "base"}
     learnt, lines = (
-        verdict(summaries, recipe.expect, inputs.copying)
-        if list(summaries) == recipe_order
+        verdict(trained, recipe.expect, inputs.copying)
+        if list(trained) == recipe_order
         else (None, [])
     )
+    if lines and "base" in summaries:
+        before, after = overall_accuracy(summaries["base"]), overall_accuracy(summaries["sft"])
+        lines.insert(0, f"sft held-out {before:.3f} -> {after:.3f} ({after - before:+.3f})")
     for p in write_report(summaries, recipe.eval.k, out_dir):
         log.artifact(p)
     flat = {

@@ -11,6 +11,7 @@ import pytest
 from rstar.data.curate import SourceSpec, curate
 from rstar.data.io import DataError, read_table, write_table
 from rstar.data.packaged import GSM_SUFFIX, packaged_rows
+from rstar.eval.run import _benchmark
 from rstar.pipeline.config import ConfigError, load_recipe
 from rstar.pipeline.layout import Layout
 from rstar.pipeline.records import StageInputs
@@ -45,6 +46,8 @@ def test_champ_integer_problems_and_the_report_per_source(tmp_path):
     assert "champ://: read 270, kept 79 (dropped: non_integer_answer 191)" in report.format()
     row = next(r for r in kept if r["source"] == "champ://")
     assert row["id"].startswith("champ/") and json.loads(row["metadata"])["category"]
+    # reported under a name MLflow takes in a metric key, not the URI
+    assert {_benchmark(r) for r in kept} == {"champ", "gcd"}
 
 
 def test_generators_are_seeded_and_hold_out_whole_templates(tmp_path):

@@ -244,3 +244,36 @@ def test_a_held_out_set_from_a_file_is_reported_under_the_files_stem():
         "finish_reason": "answered",
     }
     assert list(summarize_eval([record], {"p": problem}, 1)) == ["held-out"]
+
+
+def test_the_base_evaluated_beside_the_recipe_keeps_the_verdict_on_the_trained(tiny_dir, tmp_path):
+    """`eval.include_base` (a chat model's starting point): the base is a row of the table and
+    a line of its own; the verdict still compares the RL stages with SFT."""
+    from rstar.data.io import write_table
+    from rstar.pipeline import stages
+    from rstar.pipeline.config import load_recipe
+    from rstar.pipeline.layout import Layout
+    from rstar.pipeline.records import ModelRef, StageInputs, Stored
+    from rstar.tracking.digest import digest
+    from rstar.tracking.mlflow_log import NullLog
+
+    recipe = load_recipe(
+        "configs/tiny.yaml",
+        {
+            "storage_root": str(tmp_path / "root"),
+            "eval.k": 1,
+            "eval.max_response_tokens": 8,
+            "eval.include_base": True,
+        },
+    )
+    held_out = write_table(
+        synth.generate(1, seed=8, levels=(1,)), str(tmp_path / "held.parquet"), "problems"
+    )
+    model = ModelRef(tiny_dir, digest(tiny_dir))
+    names = ["base", "sft", "rl1", "rl2", "rl3"]
+    inputs = StageInputs(models=dict.fromkeys(names, model), problems=Stored(held_out))
+    out = stages.evaluate(recipe, Layout(recipe.storage_root), inputs, NullLog())
+    assert list(out.evaluation.summaries) == names
+    lines = out.evaluation.verdict
+    assert lines[0].startswith("sft held-out ") and "rl1 held-out" in lines[1]
+    assert out.evaluation.learnt is not None and "| base |" in out.evaluation.table
