@@ -158,8 +158,12 @@ def bench_recipe_command(
         "(its seed moved too) instead of the shipped one.",
     ),
     root: str = typer.Option("runs/robustness", help="With --robustness: storage of the runs."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override a recipe value: KEY=VALUE (repeatable); not with --robustness."
+    ),
 ) -> None:
-    """The tiny recipe's time, accuracy per stage and RoC-vs-GRPO ablation -> docs/benchmarks.md."""
+    """The tiny recipe's time, accuracy per stage and RoC-vs-GRPO ablation -> docs/benchmarks.md;
+    for a recipe on a real base (configs/smollm2.yaml), its figures per benchmark and stage."""
     if robustness:
         from rstar.pipeline.robustness import run_robustness
 
@@ -168,11 +172,16 @@ def bench_recipe_command(
     import time
 
     from flows.pipeline import pipeline
-    from rstar.pipeline.bench import write_recipe_benchmark
+    from rstar.pipeline.bench import write_real_model_benchmark, write_recipe_benchmark
+    from rstar.pipeline.config import load_recipe
 
+    values = overrides(set_)
     start = time.monotonic()
-    outs = pipeline(config)
-    write_recipe_benchmark(config, outs, time.monotonic() - start, out, png, seeds)
+    outs = pipeline(config, values)
+    if load_recipe(config, values).base.build_tiny:
+        write_recipe_benchmark(config, outs, time.monotonic() - start, out, png, seeds)
+    else:  # a real base: no tiny-scale ablation, figures per benchmark
+        write_real_model_benchmark(config, outs, time.monotonic() - start, out, values)
 
 
 def main() -> None:

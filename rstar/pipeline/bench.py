@@ -1,4 +1,5 @@
-"""`rstar bench-recipe`: the tiny recipe's figures for docs/benchmarks.md.
+"""`rstar bench-recipe`: a recipe's figures for docs/benchmarks.md (the tiny recipe's below; a
+recipe on a real base model's in `write_real_model_benchmark`).
 
 1. From a run of the pipeline (the command runs it, or finds it in Prefect's cache), how long
    each stage of the run that computed it took, read from MLflow: the recipe is SFT + the three
@@ -259,3 +260,99 @@ def write_recipe_benchmark(
         f"({'met' if met else 'NOT met'}; the kept ones are lower under RoC by selection alone).",
     ]
     return publish(out, "tiny-recipe", lines)
+
+
+def _gain(before: dict, after: dict) -> tuple[float, float, float]:
+    """(gain, low, high): `after`'s avg@1 minus `before`'s on one benchmark, with a 95% interval
+    from the two standard errors as if independent (the questions are the same, so this is
+    wider than a paired interval: conservative)."""
+    gain = after["avg_pass@1"] - before["avg_pass@1"]
+    se = (after["avg_pass@1_se"] ** 2 + before["avg_pass@1_se"] ** 2) ** 0.5
+    return gain, gain - 1.96 * se, gain + 1.96 * se
+
+
+def write_real_model_benchmark(
+    config: str,
+    outs: dict[str, StageOutput],
+    wall: float,
+    out: str = "docs/benchmarks.md",
+    overrides: dict | None = None,
+) -> str:
+    """The section for one finished run of a recipe on a real base model: time per stage,
+    held-out accuracy per benchmark with 95% intervals, tool use per checkpoint, the gain of the
+    last stage over the base and over SFT per benchmark, and the verdict."""
+    from rstar.model.shipped import cpu_model
+
+    recipe = load_recipe(config, overrides)
+    seconds = _stage_seconds(recipe, outs)
+    ev = outs["evaluate"].evaluation
+    names = list(ev.summaries)
+    benches = sorted({b for s in ev.summaries.values() for b in s})
+    first, last = names[0], names[-1]
+
+    def cell(s: dict) -> str:
+        mean, half = s["avg_pass@1"], 1.96 * s["avg_pass@1_se"]
+        return f"{mean:.3f} ({max(0.0, mean - half):.3f}-{min(1.0, mean + half):.3f})"
+
+    lines = [
+        f"## Real model: {recipe.name} (`rstar bench-recipe --config {config}`)",
+        "",
+        f"`{config}` on {cpu_model()} ({os.cpu_count()} CPUs, torch's {native_capability()} "
+        f"kernels), code version {rstar.__version__}, {time.strftime('%Y-%m-%d')}. Base: "
+        f"`{recipe.base.gguf or recipe.base.path}`. Stage times are those of the MLflow runs "
+        f"that computed each stage; this invocation took {wall:.0f} s.",
+        "",
+        "| stage | seconds |",
+        "|---|---|",
+        *(f"| {s} | {seconds[s]:.0f} |" for s in outs if s in seconds),
+        f"| **all** | **{sum(seconds.values()):.0f}** |",
+        "",
+        f"Held-out avg@1 (k={recipe.eval.k}, temperature {recipe.eval.temperature}, at most "
+        f"{recipe.eval.max_response_tokens} tokens and {recipe.eval.max_turns} turns) with 95% "
+        "intervals over questions, and tool use over all held-out answers:",
+        "",
+        "| checkpoint | "
+        + " | ".join(f"{b} ({ev.summaries[first][b]['questions']} q.)" for b in benches)
+        + " | tool calls per answer | tool errors per call | response tokens |",
+        "|---|" + "---|" * (len(benches) + 3),
+    ]
+    for name in names:
+        s = ev.summaries[name]
+        samples = sum(m["samples"] for m in s.values())
+        calls = sum(m["tool_calls_per_answer"] * m["samples"] for m in s.values())
+        errors = sum(
+            m["tool_error_rate"] * m["tool_calls_per_answer"] * m["samples"] for m in s.values()
+        )
+        length = sum(m["response_len_mean"] * m["samples"] for m in s.values()) / samples
+        lines.append(
+            f"| {name} | "
+            + " | ".join(cell(s[b]) if b in s else "" for b in benches)
+            + f" | {calls / samples:.2f} | {errors / calls if calls else 0.0:.3f} | {length:.0f} |"
+        )
+    lines += ["", f"Gains of {last} (the recipe's last stage), 95% intervals:", ""]
+    for b in benches:
+        for ref in dict.fromkeys([first, "sft"]):
+            if ref in ev.summaries and ref != last:
+                gain, lo, hi = _gain(ev.summaries[ref][b], ev.summaries[last][b])
+                excludes = "excludes zero" if lo > 0 or hi < 0 else "includes zero"
+                lines.append(f"- {b}, over {ref}: {gain:+.3f} ({lo:+.3f} to {hi:+.3f}; {excludes})")
+    rl_rows = [
+        f"| {r.name} | {outs[r.name].metrics.get('accuracy', 0.0):.3f} | "
+        f"{outs[r.name].metrics.get('tool_error_rate', 0.0):.3f} | "
+        f"{outs[r.name].metrics.get('response_len_mean', 0.0):.0f} |"
+        for r in recipe.rl
+        if r.name in outs
+    ]
+    lines += [
+        "",
+        "Training rollouts per RL stage (all steps):",
+        "",
+        "| stage | accuracy | tool errors per call | response tokens |",
+        "|---|---|---|---|",
+        *rl_rows,
+        "",
+        "Verdict (`expect` in the recipe):",
+        "",
+        *(f"- {line}" for line in ev.verdict),
+    ]
+    return publish(out, f"recipe-{recipe.name}", lines)

@@ -72,3 +72,46 @@ def test_ablation_plot_is_a_png(tmp_path):
 def test_the_ablation_compares_the_last_third_of_the_stage():
     assert end_window(30) == 10 and end_window(31) == 10
     assert end_window(2) == 1  # a stage shorter than 3 steps: its last step
+
+
+def _bench(avg, se, calls=1.0, errors=0.0, samples=60, length=200):
+    return {
+        "questions": samples,
+        "samples": samples,
+        "avg_pass@1": avg,
+        "avg_pass@1_se": se,
+        "tool_calls_per_answer": calls,
+        "tool_error_rate": errors,
+        "response_len_mean": length,
+    }
+
+
+def test_the_real_model_section_reports_gains_with_their_intervals(tmp_path):
+    from rstar.pipeline.bench import write_real_model_benchmark
+    from rstar.pipeline.records import Evaluation, StageOutput
+
+    summaries = {
+        "base": {"gsm": _bench(0.02, 0.02, calls=0.0), "champ": _bench(0.0, 0.0, calls=0.0)},
+        "sft": {"gsm": _bench(0.05, 0.03, errors=0.5), "champ": _bench(0.01, 0.01, errors=0.5)},
+        "rl1": {"gsm": _bench(0.30, 0.06, errors=0.25), "champ": _bench(0.02, 0.02, calls=2.0)},
+    }
+    outs = {
+        "sft": StageOutput("sft"),
+        "rl1": StageOutput("rl1", {"accuracy": 0.4, "tool_error_rate": 0.2}),
+        "evaluate": StageOutput(
+            "evaluate", evaluation=Evaluation(summaries, "", True, ["ok: rl1 held-out ..."])
+        ),
+    }
+    text = write_real_model_benchmark(
+        "configs/smollm2.yaml",
+        outs,
+        12.0,
+        str(tmp_path / "b.md"),
+        {"storage_root": str(tmp_path / "root")},
+    )
+    # rl1's tool use: 60 answers x 2 calls none in error, 60 x 1 call a quarter in error
+    assert "| rl1 | 0.020 (0.000-0.059) | 0.300 (0.182-0.418) | 1.50 | 0.083 | 200 |" in text
+    assert "- gsm, over base: +0.280 (+0.156 to +0.404; excludes zero)" in text
+    assert "- champ, over sft: +0.010 (-0.034 to +0.054; includes zero)" in text
+    assert "| rl1 | 0.400 | 0.200 |" in text and "- ok: rl1 held-out ..." in text
+    assert (tmp_path / "b.md").read_text().count("## Real model: smollm2") == 1
