@@ -16,6 +16,9 @@ from contextlib import contextmanager
 log = logging.getLogger(__name__)
 _send: Callable[[tuple], None] | None = None  # set in a worker whose driver draws the bars
 SEND_EVERY_S = 0.2  # a tick is a Ray call: at most five a second per task, and always the last
+# piped, a line at least this often while steps come: a real model's SFT step takes 15 s here,
+# and 50 of them in silence looked hung
+LOG_EVERY_S = 60.0
 
 
 @contextmanager
@@ -37,11 +40,13 @@ def _span(seconds: float) -> str:
 class StepClock:
     """`clock.where(step)` -> "step 12/40, 1m05s, ~2m31s left": the rate of the steps run since the
     clock started (a resumed stage's first reported step may not be 1). `tick` reports a step:
-    to the driver's bar, or as a logged `[label] ...` line every `every` steps and at the last."""
+    to the driver's bar, or as a logged `[label] ...` line every `every` steps, at the first step
+    a minute after the last line, and at the last."""
 
     def __init__(self, total: int, label: str = "", every: int = 1, unit: str = "step") -> None:
         self.total, self.label, self.every, self.unit = total, label, max(1, every), unit
         self.start, self.before, self.sent, self.done = time.monotonic(), None, 0.0, 0
+        self.logged = self.start
 
     def where(self, step: int) -> str:
         if self.before is None:
@@ -59,7 +64,12 @@ class StepClock:
             if step == self.total or now - self.sent >= SEND_EVERY_S:
                 self.sent = now
                 _send((self.label, step, self.total, text))
-        elif step % self.every == 0 or step == self.total:
+        elif (
+            step % self.every == 0
+            or step == self.total
+            or time.monotonic() - self.logged >= LOG_EVERY_S
+        ):
+            self.logged = time.monotonic()
             log.info("[%s] %s%s", self.label, where, f": {text}" if text else "")
 
     def advance(self, n: int = 1) -> None:

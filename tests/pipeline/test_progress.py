@@ -31,6 +31,18 @@ def test_piped_ticks_are_logged_every_few_steps_and_at_the_last(log_lines, capsy
     assert lines[-1].endswith("loss 0.008")
 
 
+def test_slow_piped_steps_are_logged_once_a_minute(log_lines, capsys, monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    clock = progress.StepClock(40, "sft", every=50)
+    for step in range(1, 41):
+        now[0] += 15.0  # a real model's SFT step
+        clock.tick(step)
+    steps = [line.split()[2].rstrip(",") for line in capsys.readouterr().err.splitlines()]
+    assert steps == ["4/40", "8/40", "12/40", "16/40", "20/40", "24/40", "28/40", "32/40",
+                     "36/40", "40/40"]  # fmt: skip
+
+
 def test_ticks_for_a_terminal_go_to_the_driver_not_to_the_log(log_lines, monkeypatch, capsys):
     now = [0.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
