@@ -196,6 +196,7 @@ class HFEngine:
             columns = torch.arange(self._width + 1, device=self.device)
             out = self.model(
                 input_ids=ids,
+                logits_to_keep=1,
                 position_ids=lengths[:, None],
                 attention_mask=(columns >= self._width - lengths[:, None]).long(),
                 past_key_values=self._cache,  # grows in place
@@ -223,6 +224,9 @@ class HFEngine:
             attention_mask=mask,
             position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
             use_cache=True,
+            # the output head on the last position only: on every position, a real vocabulary's
+            # logits were requests x longest prompt x 49K floats (21 GB for 128 mining rollouts)
+            logits_to_keep=1,
         )
         layers = self._layers(out.past_key_values)
         width = max(self._width, longest)

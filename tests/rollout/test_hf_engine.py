@@ -118,3 +118,23 @@ async def test_what_a_request_samples_does_not_depend_on_its_batch(model):
     together, *_ = await asyncio.gather(crowded.generate("x", [7, 8, 9], params), *others)
     await crowded.close()
     assert together.token_ids == solo.token_ids
+
+
+async def test_the_output_head_runs_on_the_last_position_only(model):
+    """Pre-filling computes one row of logits per request, not one per prompt token: with a real
+    vocabulary (49K types) the full [requests, prompt, vocab] tensor ran a mining stage out of
+    memory."""
+    widths = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: widths.append(o.shape[1]))
+    engine = HFEngine(model, max_batch=8)
+    try:
+        await asyncio.gather(
+            *(
+                engine.generate(f"r{i}", [5 + i] * 40, {"max_tokens": 3, "temperature": 0})
+                for i in range(4)
+            )
+        )
+    finally:
+        hook.remove()
+        await engine.close()
+    assert widths and set(widths) == {1}
