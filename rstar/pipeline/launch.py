@@ -41,7 +41,10 @@ def run_job(
 
         raise NotRetryable(missing)
     env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED)}
-    job = ray.remote(_job).options(
+    # a fresh worker process per stage (max_calls, which only ray.remote takes): one reused for
+    # the next stage kept the last one's memory (the allocator does not give it back), and a
+    # real model's rl3 and evaluation were killed by Ray at 21.5 GB beside it
+    job = ray.remote(max_calls=1)(_job).options(
         num_cpus=recipe.resources.cpus,
         num_gpus=driver_gpus(stage, recipe),
         max_retries=0,

@@ -43,3 +43,31 @@ def test_a_stage_asking_for_a_gpu_this_machine_lacks_fails_at_once():
         NotRetryable, match="stage problems needs 1 GPUs for its own task, the cluster has 0"
     ):
         run_job("problems", recipe, {}, "sqlite:///unused.db", "no-run")
+
+
+def test_each_stage_runs_in_a_worker_process_of_its_own(tmp_path):
+    """A worker reused for the next stage kept the last stage's memory (Ray then killed a real
+    model's evaluation beside its RL stage's 18 GB)."""
+    import ray
+
+    from rstar.pipeline.launch import pid_file
+    from rstar.pipeline.records import StageInputs
+    from rstar.tracking import mlflow_log as ml
+
+    recipe = load_recipe(
+        "configs/tiny.yaml",
+        {
+            "storage_root": str(tmp_path / "root"),
+            "tracking.tracking_uri": f"sqlite:///{tmp_path}/mlruns.db",
+        },
+    )
+    uri = recipe.tracking.tracking_uri
+    pids = []
+    try:
+        for _ in range(2):
+            run_job("problems", recipe, StageInputs(), uri, ml.start_run(uri, "pids", "problems"))
+            with open(pid_file(recipe, "problems")) as f:
+                pids.append(f.read())
+    finally:
+        ray.shutdown()
+    assert pids[0] != pids[1]
