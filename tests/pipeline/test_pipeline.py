@@ -518,7 +518,7 @@ def test_lineage_command_prints_the_chain(finished_local):
         and outs["mine"].datasets["hard_problems"].digest in result.output
     )
     assert f"on eval_problems digest {outs['problems'].datasets['eval'].digest}" in result.output
-    assert "settings k=1 " in result.output
+    assert "settings include_base=False k=1 " in result.output
 
 
 def test_a_cached_stage_whose_outputs_were_deleted_or_overwritten_runs_again(
