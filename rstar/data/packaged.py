@@ -90,14 +90,13 @@ def _gym_request(source: str) -> GymRequest:
     )
 
 
-def _gym_dataset(source: str, size: int):
+def _gym_dataset(source: str, req: GymRequest, size: int):
     _require("reasoning_gym", "reasoning-gym", source)
     with warnings.catch_warnings():  # cellpylib, which it imports, compares with `is` a literal
         warnings.simplefilter("ignore", SyntaxWarning)
         import reasoning_gym
     from reasoning_gym.factory import DATASETS
 
-    req = _gym_request(source)
     if req.name not in DATASETS:
         close = difflib.get_close_matches(req.name, list(DATASETS), n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -108,11 +107,10 @@ def _gym_dataset(source: str, size: int):
         raise DataError(f"{source}: reasoning-gym refused the config {req.config} ({e})") from None
 
 
-def _gym_items(source: str) -> Iterator[tuple[int, dict, int | None]]:
+def _gym_items(source: str, req: GymRequest) -> Iterator[tuple[int, dict, int | None]]:
     """(index, item, GSM-Symbolic template or None) of the n problems asked for."""
-    req = _gym_request(source)
     if req.templates is None:
-        ds = _gym_dataset(source, req.n)
+        ds = _gym_dataset(source, req, req.n)
         picked = range(req.n)
     else:
         from reasoning_gym.arithmetic.gsm_symbolic.gsm_symbolic import tasks_ok
@@ -121,7 +119,7 @@ def _gym_items(source: str) -> Iterator[tuple[int, dict, int | None]]:
         if not usable:
             raise DataError(f"{source}: none of these templates is one reasoning-gym generates")
         # each index draws its template uniformly, a prefix-stable draw: enough indices for n
-        ds = _gym_dataset(source, req.n * len(tasks_ok) // len(usable) * 2 + 100)
+        ds = _gym_dataset(source, req, req.n * len(tasks_ok) // len(usable) * 2 + 100)
         picked = [i for i, t in enumerate(ds.task_indices) if t in usable][: req.n]
         if len(picked) < req.n:
             raise DataError(f"{source}: {len(picked)} problems of these templates, not {req.n}")
@@ -138,16 +136,17 @@ def check(source: str) -> None:
         if source != CHAMP:
             raise DataError(f"{source}: CHAMP takes no path or options; write '{CHAMP}'")
     else:
-        next(_gym_items(source))  # builds the generator and draws one problem
+        next(_gym_items(source, _gym_request(source)))  # builds the generator, draws one problem
 
 
 def packaged_rows(source: str) -> Iterator[tuple[int, dict]]:
-    check(source)
     if source.startswith(CHAMP):
+        check(source)
         yield from _champ_rows()
         return
     req = _gym_request(source)
-    for i, item, template in _gym_items(source):
+    # _gym_items raises what check() would, before the first row
+    for i, item, template in _gym_items(source, req):
         question = item["question"]
         yield (
             i,

@@ -59,17 +59,13 @@ class StepClock:
 
     def tick(self, step: int, text: str = "") -> None:
         where = self.where(step)  # every step: the rate counts from the first step seen
+        now = time.monotonic()
         if _send is not None:
-            now = time.monotonic()
             if step == self.total or now - self.sent >= SEND_EVERY_S:
                 self.sent = now
                 _send((self.label, step, self.total, text))
-        elif (
-            step % self.every == 0
-            or step == self.total
-            or time.monotonic() - self.logged >= LOG_EVERY_S
-        ):
-            self.logged = time.monotonic()
+        elif step % self.every == 0 or step == self.total or now - self.logged >= LOG_EVERY_S:
+            self.logged = now
             log.info("[%s] %s%s", self.label, where, f": {text}" if text else "")
 
     def advance(self, n: int = 1) -> None:

@@ -196,7 +196,6 @@ class HFEngine:
             columns = torch.arange(self._width + 1, device=self.device)
             out = self.model(
                 input_ids=ids,
-                logits_to_keep=1,
                 position_ids=lengths[:, None],
                 attention_mask=(columns >= self._width - lengths[:, None]).long(),
                 past_key_values=self._cache,  # grows in place
