@@ -30,7 +30,10 @@ RSTAR = [sys.executable, "-m", "flows.cli"]
 def pipeline_run(
     config: str = typer.Option("configs/tiny.yaml", help="The recipe (YAML)."),
     set_: list[str] = typer.Option(
-        [], "--set", help="Override a recipe value: KEY=VALUE, e.g. rl.0.steps=2 (repeatable)."
+        [],
+        "--set",
+        help="Override a recipe value: KEY=VALUE, e.g. rl1.steps=2 (an RL stage by its name, "
+        "or by position: rl.0.steps) (repeatable).",
     ),
     report_json: str = typer.Option(
         None,
@@ -131,9 +134,13 @@ def serve_command(
     cron: str = typer.Option("0 3 * * *", help="Schedule of the nightly re-evaluation."),
 ) -> None:
     """Register the pipeline and nightly re-evaluation deployments and serve their runs."""
-    from flows.deploy import serve_all
+    from prefect import serve
 
-    serve_all(config, name, cron)
+    from flows.deploy import deployments, where_runs_write
+
+    found = deployments(config, name, cron)
+    typer.echo(where_runs_write(found))
+    serve(*found)
 
 
 @app.command("bench-recipe")

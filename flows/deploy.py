@@ -3,37 +3,56 @@ re-evaluation of the latest model version on a cron schedule, served by this pro
 
     prefect server start --host 127.0.0.1        # the API and UI, http://127.0.0.1:4200
     PREFECT_API_URL=http://127.0.0.1:4200/api rstar serve --config configs/tiny.yaml
+
+Paths a recipe gives relative to the working directory (the recipe itself, its storage root, a
+SQLite MLflow store) are made absolute here, once, and shown: the Run form then says where a run
+will write, and that is where `mlflow ui` must look.
 """
 
 from __future__ import annotations
 
-from prefect import serve
+import os
+
+from prefect.schedules import Cron
 
 from flows.pipeline import pipeline
 from flows.reevaluate import reevaluate
+from rstar.pipeline.config import load_recipe
+from rstar.pipeline.layout import Layout
+from rstar.tracking.mlflow_log import absolute_uri
 
-PIPELINE_DEPLOYMENT = "rstar-pipeline/{name}"
-REEVAL_DEPLOYMENT = "rstar-reevaluate/{name}-nightly"
 
-
-def deployments(config: str, name: str, cron: str) -> list:
+def deployments(config: str, name: str, cron: str, timezone: str = "UTC") -> list:
+    config = os.path.abspath(config)
+    recipe = load_recipe(config, check_inputs=False)
+    root = Layout(recipe.storage_root).root
+    tracking = {"tracking.tracking_uri": absolute_uri(recipe.tracking.tracking_uri)}
     return [
         pipeline.to_deployment(
             name=name,
-            parameters={"config": config},
-            description="The whole recipe; set 'overrides' to change recipe values.",
+            parameters={"config": config, "storage_root": root, "overrides": tracking},
+            description=(
+                f"The whole recipe {recipe.name}: base, problems, SFT, RL stages, mining, "
+                f"evaluation. Writes under {root}; MLflow: {tracking['tracking.tracking_uri']}."
+            ),
         ),
         reevaluate.to_deployment(
             name=f"{name}-nightly",
-            cron=cron,
-            parameters={"config": config},
-            description="Re-evaluate the latest registered model version.",
+            schedule=Cron(cron, timezone=timezone),
+            parameters={"config": config, "overrides": {"storage_root": root, **tracking}},
+            description=(
+                f"Re-evaluate the latest registered version of {recipe.tracking.registered_model}"
+                f" ({cron}, {timezone}) on the recipe's held-out set."
+            ),
         ),
     ]
 
 
-def serve_all(
-    config: str = "configs/tiny.yaml", name: str = "tiny", cron: str = "0 3 * * *"
-) -> None:
-    """Register both deployments and run their flow runs from this process until stopped."""
-    serve(*deployments(config, name, cron))
+def where_runs_write(found: list) -> str:
+    """What `rstar serve` says at start: the recipe and the places its runs will write."""
+    params = found[0].parameters
+    store = params["overrides"]["tracking.tracking_uri"]
+    return (
+        f"recipe {params['config']}\nruns write under {params['storage_root']}\n"
+        f"MLflow store {store} (see it: mlflow ui --backend-store-uri {store})"
+    )

@@ -1,7 +1,7 @@
 """The training pipeline: base model -> problems -> SFT -> RL stage 1 -> RL stage 2 -> mine
 hard -> RL stage 3 -> evaluation, one retryable, cached Prefect task per stage.
 
-    rstar pipeline run --config configs/tiny.yaml --set rl.0.steps=2
+    rstar pipeline run --config configs/tiny.yaml --set rl1.steps=2
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 
 from flows.reconcile import claim_root
-from rstar.pipeline.config import load_recipe
+from rstar.pipeline.config import load_recipe, run_overrides
 from rstar.pipeline.layout import Layout
 from rstar.pipeline.records import StageInputs, StageOutput
 from rstar.tracking import mlflow_log as ml
@@ -18,12 +18,35 @@ from tasks.stage import submit
 
 @flow(name="rstar-pipeline", log_prints=True)
 def pipeline(
-    config: str = "configs/tiny.yaml", overrides: dict | None = None
+    config: str = "configs/tiny.yaml",
+    overrides: dict | None = None,
+    storage_root: str | None = None,
+    rl_steps: list[int] | None = None,
+    seed: int | None = None,
 ) -> dict[str, StageOutput]:
-    """Run the recipe in `config` (overrides: {"rl.0.steps": 2, ...}). Returns every stage's
-    outputs. One run per storage root at a time: a second one fails at once naming the first; what a
-    killed run on the root left RUNNING is marked Crashed (Prefect) or FAILED (MLflow) first."""
-    recipe = load_recipe(config, overrides)
+    """Run a recipe: base model, problems, SFT, RL stages 1-3, mining, evaluation, each stage a
+    cached, retried task. One run per storage root at a time: a second one fails at once naming
+    the first; what a killed run on the root left RUNNING is marked Crashed (Prefect) or FAILED
+    (MLflow) first. Returns every stage's outputs.
+
+    Args:
+        config: The recipe (YAML): configs/tiny.yaml (the embedded default, about 20 minutes on 2
+            CPUs), configs/smollm2.yaml (SmolLM2-135M on real problems, about 90 minutes),
+            configs/tiny-verl.yaml (tiny on verl's trainers), configs/qwen3-14b.yaml (the paper's,
+            a GPU cluster). A relative path is read from the directory `rstar serve` started in.
+        overrides: Any recipe value by its dotted key, e.g. {"rl1.steps": 2, "eval.k": 4}; an RL
+            stage by its name (rl1) or its position (rl.0). Wins over the fields below.
+        storage_root: Where the run writes: a directory or s3://bucket/prefix. Empty: the
+            recipe's.
+        rl_steps: Steps of each RL stage in order (rl1, rl2, rl3), e.g. [2, 1, 1]. Empty: the
+            recipe's.
+        seed: Moves every seeded part (SFT's data and order, each RL stage's prompts and
+            sampling) by this much; the held-out set stays. Empty or 0: the recipe's seeds.
+    """
+    values = run_overrides(
+        config, overrides, storage_root=storage_root, rl_steps=rl_steps, seed=seed
+    )
+    recipe = load_recipe(config, values)
     with claim_root(Layout(recipe.storage_root).root):
         return _run(recipe, config)
 
@@ -85,8 +108,23 @@ def _run(recipe, config: str) -> dict[str, StageOutput]:
             {f"rstar.{k}.model_version": v.model.version for k, v in outs.items() if v.model},
         )
         _mark_reused(uri, parent, recipe, outs)
+        _headline(uri, parent, outs["evaluate"])
     _where_to_look(recipe, config, uri, parent, outs)
     return outs
+
+
+def _headline(uri: str, parent: str, evaluate: StageOutput) -> None:
+    """The result on the parent run, where MLflow users look first and can compare pipeline
+    runs: held-out accuracy per checkpoint (`heldout/<checkpoint>`; `heldout_accuracy` steps
+    through them in stage order, one chart), the verdict as tag and description, the report."""
+    log = ml.StageLog(uri, parent)
+    for step, (name, accuracy) in enumerate(evaluate.evaluation.accuracy().items()):
+        log.metrics(step, {f"heldout/{name}": accuracy, "heldout_accuracy": accuracy})
+    if evaluate.evaluation.learnt is not None:
+        log.tag("rstar.learnt", str(evaluate.evaluation.learnt).lower())
+    log.tag(ml.NOTE, evaluate.evaluation.headline())
+    for name in ("report.md", "accuracy.png"):
+        log.artifact(f"{evaluate.report}/{name}", "evaluation")
 
 
 def _mark_reused(uri: str, parent: str, recipe, outs: dict[str, StageOutput]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
 
 from rstar.errors import retry_pointless
 from rstar.pipeline.cache import outputs_exist
@@ -23,7 +24,7 @@ from rstar.pipeline.records import StageInputs, StageOutput
 from rstar.pipeline.stage_run import open_stage_run
 from rstar.storage import dirs
 from rstar.tracking import mlflow_log as ml
-from tasks.console import progress_bars
+from tasks.progress import stage_progress
 from tasks.summary import artifact_key, summary_markdown
 
 
@@ -57,9 +58,9 @@ def run_stage(stage: str, recipe: Recipe, inputs: StageInputs, parent_run_id: st
         uri, recipe, stage, inputs, parent_run_id, _tags(stage, inputs, parent_run_id)
     )
     names = stage_names(recipe)
-    where = (
+    where = (  # a re-evaluation runs stages of the recipe, not the recipe
         f"stage {names.index(stage) + 1} of {len(names)} ({stage})"
-        if stage in names
+        if flow_run.get_flow_name() == "rstar-pipeline"
         else f"stage {stage}"
     )
     log.info(
@@ -70,7 +71,7 @@ def run_stage(stage: str, recipe: Recipe, inputs: StageInputs, parent_run_id: st
     )
     layout = Layout(recipe.storage_root)
     with ml.closing(uri, run_id):
-        with progress_bars() as on_progress:
+        with stage_progress(recipe.name, stage) as on_progress:
             out = run_job(stage, recipe, inputs, uri, run_id, on_progress=on_progress)
         out.mlflow_run_id = run_id
         if out.model:

@@ -6,7 +6,7 @@ import typer
 
 
 def overrides(values: list[str]) -> dict:
-    """`--set KEY=VALUE` options as recipe overrides ({"rl.0.steps": 2}); values are YAML."""
+    """`--set KEY=VALUE` options as recipe overrides ({"rl1.steps": 2}); values are YAML."""
     import yaml
 
     bad = [v for v in values if "=" not in v]

@@ -304,6 +304,17 @@ def load_recipe(path: str, overrides: dict | None = None, *, check_inputs: bool 
             check_packaged(source)
         except DataError as e:
             raise ConfigError(f"{path}: {where}: {e}") from None
+    if check_inputs and (why := _unusable_root(recipe.storage_root)):
+        raise ConfigError(f"{path}: storage_root {recipe.storage_root}: {why}")
+    if check_inputs and recipe.base.build_tiny and recipe.base.shipped:
+        import os
+
+        from rstar.model.shipped import ShippedBaseError, check_shipped
+
+        try:  # the base stage checks it again; a mismatch is the recipe's error, said now
+            check_shipped(os.path.abspath(recipe.base.shipped), recipe.base)
+        except ShippedBaseError as e:
+            raise ConfigError(f"{path}: {e}") from None
     if recipe.base.gguf and check_inputs:
         from rstar.model.gguf import BaseModelError, gguf_path
 
@@ -328,6 +339,52 @@ def load_recipe(path: str, overrides: dict | None = None, *, check_inputs: bool 
         if wrong:
             raise ConfigError(f"{path}: {where}: {wrong}")
     return recipe
+
+
+def seed_overrides(recipe: Recipe, seed: int, rebuild_base: bool = False) -> dict:
+    """--set values that move every seeded part of the recipe by `seed` (the held-out
+    evaluation keeps its own, so runs differ only by what they trained)."""
+    over = {"sft.seed": recipe.sft.seed + seed, "sft.train.seed": recipe.sft.train.seed + seed}
+    over.update({f"rl.{i}.seed": s.seed + seed for i, s in enumerate(recipe.rl)})
+    if rebuild_base:
+        over.update({"base.shipped": None, "base.seed": recipe.base.seed + seed})
+    return over
+
+
+def run_overrides(
+    path: str,
+    overrides: dict | None = None,
+    *,
+    storage_root: str | None = None,
+    rl_steps: list[int] | None = None,
+    seed: int | None = None,
+) -> dict:
+    """The overrides a run form's typed fields stand for (the storage root, each RL stage's steps
+    in order, a seed that moves every seeded part), then the free-form `overrides`, which win."""
+    out: dict = {"storage_root": storage_root} if storage_root else {}
+    out.update({f"rl.{i}.steps": steps for i, steps in enumerate(rl_steps or [])})
+    if seed:
+        out.update(seed_overrides(load_recipe(path, check_inputs=False), seed))
+    return {**out, **(overrides or {})}
+
+
+def _unusable_root(root: str) -> str | None:
+    """Why a local storage root cannot be made (a file where a directory must be), else None.
+    Remote roots are checked by the stages that reach them."""
+    import os
+
+    from rstar.storage import is_remote
+
+    if is_remote(root):
+        return None
+    path = os.path.abspath(root)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        return f"{path} is a file, not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable"
+    return None
 
 
 def _unreadable(fs, inner: str) -> tuple[str | None, list[str] | None]:
@@ -382,11 +439,24 @@ def _input_files(recipe: Recipe):
 
 
 def _set(tree: dict, keys: list[str], value, path: str) -> None:
+    """Set the value at a dotted key. An RL stage is named by its name (`rl1.steps`) or its
+    position in `rl` (`rl.0.steps`)."""
+    stages = [s.get("name") for s in tree.get("rl") or [] if isinstance(s, dict)]
+    if keys[0] in stages:
+        keys = ["rl", str(stages.index(keys[0])), *keys[1:]]
     node = tree
-    for k in keys[:-1]:
-        node = node[int(k)] if isinstance(node, list) else node.setdefault(k, {})
-    last = keys[-1]
-    if isinstance(node, list):
-        node[int(last)] = value
-    else:
-        node[last] = value
+    for depth, k in enumerate(keys):
+        if isinstance(node, list):
+            if not k.isdigit() or int(k) >= len(node):
+                where = ".".join(keys[:depth])
+                raise ConfigError(
+                    f"{path}: {'.'.join(keys)}: {where} has {len(node)} entries, numbered from 0"
+                    + (f" (or by name: {', '.join(map(str, stages))})" if where == "rl" else "")
+                )
+            k = int(k)
+        elif not isinstance(node, dict):
+            raise ConfigError(f"{path}: {'.'.join(keys)}: {'.'.join(keys[:depth])} is a value")
+        if depth == len(keys) - 1:
+            node[k] = value
+        else:
+            node = node[k] if isinstance(node, list) else node.setdefault(k, {})

@@ -54,6 +54,21 @@ class Evaluation:
     learnt: bool | None  # the recipe's verdict (None for a re-evaluation's own pick of models)
     verdict: list[str]
 
+    def accuracy(self) -> dict[str, float]:
+        """Held-out accuracy per checkpoint, over every benchmark (each question weighing the
+        same), in the order evaluated: the pipeline's headline."""
+        from rstar.eval.metrics import overall_accuracy
+
+        return {name: overall_accuracy(s) for name, s in self.summaries.items()}
+
+    def headline(self) -> str:
+        """The verdict and the table, as markdown."""
+        if self.learnt is None:
+            lines = []
+        else:
+            lines = ["**Learnt.**" if self.learnt else "**DID NOT LEARN.**", ""]
+        return "\n".join([*lines, *(f"- {v}" for v in self.verdict), "", self.table]) + "\n"
+
 
 @dataclass
 class StageOutput:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import rstar
 from rstar.benchreport import publish
-from rstar.pipeline.config import load_recipe
+from rstar.pipeline.config import load_recipe, seed_overrides
 
 log = logging.getLogger(__name__)
 TARGETS = {"sft_max": 0.30, "final_min": 0.75, "gain_min": 0.40}
@@ -65,16 +65,6 @@ def variants(recipe, seeds: int, rebuild_base: bool) -> list[Variant]:
     for v in out:
         v.overrides.update(seed_overrides(recipe, v.seed, rebuild_base))
     return out
-
-
-def seed_overrides(recipe, seed: int, rebuild_base: bool) -> dict:
-    """--set values that move every seeded part of the recipe by `seed` (the held-out
-    evaluation keeps its own, so runs differ only by what they trained)."""
-    over = {"sft.seed": recipe.sft.seed + seed, "sft.train.seed": recipe.sft.train.seed + seed}
-    over.update({f"rl.{i}.seed": s.seed + seed for i, s in enumerate(recipe.rl)})
-    if rebuild_base:
-        over.update({"base.shipped": None, "base.seed": recipe.base.seed + seed})
-    return over
 
 
 def run_variant(config: str, variant: Variant, root: str, rstar_command: list[str]) -> dict:

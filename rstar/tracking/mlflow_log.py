@@ -24,6 +24,13 @@ STAGE, PIPELINE, INPUT_MODEL, EVALUATES, DIGEST = (
     "rstar.evaluates",
     "rstar.model_digest",
 )
+NOTE = "mlflow.note.content"  # what MLflow's UI shows as a run's, experiment's description
+EXPERIMENT_NOTE = (
+    "Runs of the rstar pipeline. Each pipeline run is a parent run `pipeline:<recipe>` holding "
+    "the headline (held-out accuracy per checkpoint as `heldout/<checkpoint>`, the verdict, the "
+    "evaluation report), with a child run per stage (base, problems, sft, rl1-rl3, mine, "
+    "evaluate). Re-evaluations are runs labelled `reeval-<time>`."
+)
 EVAL_LABEL = (
     "rstar.eval_label"  # an evaluation's name: "eval" (the pipeline's own), "reeval-<time>"
 )
@@ -113,7 +120,13 @@ def start_run(
 
     c = client(tracking_uri)
     exp = c.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else c.create_experiment(experiment)
+    # its kind: MLflow's UI shows a model-training experiment, not its GenAI (traces) pages
+    kind = {"mlflow.experimentKind": "custom_model_development"}
+    exp_id = (
+        exp.experiment_id
+        if exp
+        else c.create_experiment(experiment, tags={NOTE: EXPERIMENT_NOTE, **kind})
+    )
     all_tags = {"mlflow.runName": name, **(tags or {})}
     if parent:
         all_tags["mlflow.parentRunId"] = parent
@@ -311,7 +324,15 @@ def register(
 
     c = client(tracking_uri)
     try:
-        c.create_registered_model(model_name)
+        c.create_registered_model(
+            model_name,
+            description=(
+                "Checkpoints of an rstar recipe: one version per stage that makes a model, "
+                f"tagged {STAGE} (base, sft, rl1-rl3) and {INPUT_MODEL} (the version it started "
+                f"from); a run that evaluated a version carries the tag {EVALUATES}.<name>/"
+                "<version> (`rstar lineage` reads them)."
+            ),
+        )
     except MlflowException:
         pass  # already registered
     tags = {STAGE: stage, DIGEST: digest}

@@ -41,11 +41,27 @@ def test_tiny_recipe_loads_with_the_trainers_dataclasses():
         ),
         ({"train_problems.synthetic.families": ["nope"]}, r"unknown families \['nope'\]"),
         ({"prompt_style": "fancy"}, r"prompt_style: Input should be 'paper' or 'compact'"),
+        (
+            {"rl.3.steps": 3},
+            r"rl\.3\.steps: rl has 3 entries, numbered from 0 \(or by name: rl1, rl2, rl3\)",
+        ),
+        ({"rl.two.steps": 3}, r"rl\.two\.steps: rl has 3 entries"),
+        ({"rl4.steps": 3}, r"rl4: unknown key"),
+        ({"sft.examples.n": 3}, r"sft\.examples\.n: sft\.examples is a value"),
     ],
 )
 def test_bad_recipes_name_what_is_wrong(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_recipe(TINY, overrides)
+
+
+def test_an_rl_stage_is_set_by_its_name_or_its_position():
+    by_name = load_recipe(TINY, {"rl2.steps": 20, "rl3.roc.group_size": 2})
+    by_position = load_recipe(TINY, {"rl.1.steps": 20, "rl.2.roc.group_size": 2})
+    assert by_name == by_position
+    plain = load_recipe(TINY)
+    assert [s.steps for s in by_name.rl] == [plain.rl[0].steps, 20, plain.rl[2].steps]
+    assert by_name.rl[2].roc.group_size == 2
 
 
 def test_missing_or_broken_recipe_file(tmp_path):

@@ -200,19 +200,31 @@ def test_the_flow_itself_refuses_a_busy_root(prefect_api, tmp_path):
 
 def test_an_error_retrying_cannot_fix_is_not_retried(prefect_api, tmp_path):
     """A shipped base whose manifest disagrees with the recipe: the base stage fails once (the
-    recipe allows 2 retries), with the field named, instead of three times."""
-    from flows.pipeline import pipeline
+    recipe allows 2 retries), with the field named, instead of three times. (The recipe check
+    refuses such a recipe before any stage; the stage is given it unchecked here.)"""
+    from prefect import flow
+
+    from rstar.pipeline.config import load_recipe
+    from rstar.pipeline.records import StageInputs
     from rstar.tracking import mlflow_log as ml
+    from tasks.stage import submit
     from tests.pipeline.conftest import write_recipe
 
     path = write_recipe(str(tmp_path), "no-retry", str(tmp_path / "root"))
-    state = pipeline(path, {"base.seed": 2, "retries.delay_s": 0}, return_state=True)
+    recipe = load_recipe(path, {"base.seed": 2, "retries.delay_s": 0}, check_inputs=False)
+    uri = ml.absolute_uri(recipe.tracking.tracking_uri)
+    parent = ml.start_run(uri, recipe.tracking.experiment, "pipeline:no-retry")
+
+    @flow
+    def base_only():
+        return submit("base", recipe, StageInputs(), parent)
+
+    state = base_only(return_state=True)
     assert state.is_failed()
     error = state.result(raise_on_failure=False)
     assert "seed" in str(error)  # the manifest field that differs (2 here, 1 shipped)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
     runs = ml.client(uri).search_runs(
-        [ml.client(uri).get_experiment_by_name("rstar-tiny").experiment_id],
+        [ml.client(uri).get_experiment_by_name(recipe.tracking.experiment).experiment_id],
         filter_string=f"tags.`{ml.STAGE}` = 'base'",
     )
     assert len(runs) == 1  # one attempt
@@ -260,3 +272,42 @@ def test_concurrent_first_uses_of_a_fresh_sqlite_store_do_not_corrupt_it(tmp_pat
 
     runs = ml.client(uri).search_runs([ml.client(uri).get_experiment_by_name("exp").experiment_id])
     assert sorted(r.info.run_name for r in runs) == ["run0", "run1", "run2"]
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        # a storage root under a regular file: the lock, the first write, used to fail in 20 s
+        # with a 116-line double traceback
+        ("storage_root={file}/x", "storage_root {file}/x: {file} is a file, not a directory"),
+        # a base setting the shipped base was not built with: it used to fail in the base stage
+        (
+            "base.pretrain_steps=20",
+            "models/tiny-base was built from another recipe (pretrain_steps: built with 2400, "
+            "recipe says 20)",
+        ),
+    ],
+)
+def test_a_root_or_base_that_cannot_be_used_is_one_line_before_prefect_starts(
+    tmp_path, setting, message
+):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    file = tmp_path / "a-file"
+    file.write_text("")
+    result = CliRunner().invoke(
+        app,
+        [
+            "pipeline",
+            "run",
+            "--set",
+            setting.format(file=file),
+            "--set",
+            f"tracking.tracking_uri=sqlite:///{tmp_path}/mlflow.db",
+        ],
+    )
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("configs/tiny.yaml: ") and message.format(file=file) in line, line

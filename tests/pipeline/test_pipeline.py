@@ -63,8 +63,8 @@ def _task_states(flow_run_id, expect=STAGES, timeout_s: float = 60) -> dict[str,
         time.sleep(0.5)
 
 
-def _artifacts(flow_run_id) -> dict[str, str]:
-    """{artifact key: markdown} of one flow run's artifacts, from the Prefect API."""
+def _artifacts(flow_run_id, kind: str = "markdown") -> dict[str, str]:
+    """{artifact key: data} of one flow run's artifacts of one type, from the Prefect API."""
     import asyncio
 
     from prefect.client.orchestration import get_client
@@ -78,7 +78,7 @@ def _artifacts(flow_run_id) -> dict[str, str]:
                 )
             )
 
-    return {a.key: a.data for a in asyncio.run(read())}
+    return {a.key: a.data for a in asyncio.run(read()) if a.type == kind}
 
 
 def _wait_for_deployment(name: str, timeout_s: float = 180) -> None:
@@ -214,6 +214,13 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     # one markdown summary per stage in the UI
     artifacts = _artifacts(state.state_details.flow_run_id)
     assert set(artifacts) == {artifact_key(recipe.name, s) for s in STAGES}
+    # and each stage's progress, full at its end
+    progress = _artifacts(state.state_details.flow_run_id, "progress")
+    stages = [s.name for s in recipe.rl]
+    assert {artifact_key(recipe.name, f"{s}-progress-{s}") for s in stages} | {
+        artifact_key(recipe.name, f"evaluate-progress-eval-{s}") for s in ["sft", *stages]
+    } <= set(progress)
+    assert {float(v) for v in progress.values()} == {100.0}
     assert outs["rl3"].model.version in artifacts[artifact_key(recipe.name, "rl3")]
     assert "| rl3 avg@1" in artifacts[artifact_key(recipe.name, "evaluate")]
     # a reduced recipe that cannot learn in 5 steps is told so, with the copy probes beside
@@ -224,6 +231,28 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
         for line in outs["evaluate"].evaluation.verdict
     )
     assert children["evaluate"].data.tags["rstar.learnt"] == "false"
+    # the headline on the parent run: held-out accuracy per checkpoint, verdict, report
+    parent = c.get_run(parents[0].info.run_id)
+    accuracy = outs["evaluate"].evaluation.accuracy()
+    assert {k: v for k, v in parent.data.metrics.items() if k.startswith("heldout/")} == {
+        f"heldout/{name}": pytest.approx(value) for name, value in accuracy.items()
+    }
+    chart = c.get_metric_history(parent.info.run_id, "heldout_accuracy")
+    assert [(m.step, m.value) for m in chart] == [
+        (i, pytest.approx(v)) for i, v in enumerate(accuracy.values())
+    ]
+    assert parent.data.tags["rstar.learnt"] == "false"
+    assert parent.data.tags[ml.NOTE].startswith("**DID NOT LEARN.**")
+    assert "| rl3 avg@1" in parent.data.tags[ml.NOTE]
+    assert {a.path for a in c.list_artifacts(parent.info.run_id, "evaluation")} == {
+        "evaluation/report.md",
+        "evaluation/accuracy.png",
+    }
+    # what the experiment and the registered model are, in MLflow's own description fields
+    experiment = c.get_experiment(parent.info.experiment_id)
+    assert "heldout/<checkpoint>" in experiment.tags[ml.NOTE]
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert "rstar.stage" in c.get_registered_model(recipe.tracking.registered_model).description
 
 
 def test_the_run_report_holds_what_the_robustness_benchmark_reads(finished_local):

@@ -131,3 +131,58 @@ def test_in_a_terminal_prefect_log_lines_go_above_the_bars(monkeypatch):
         assert isinstance(handler.console, LinesAbove)
         on_progress(("sft", 1, 2, "loss 1.0"))
     assert handler.console is own  # restored when the stage ends
+
+
+def test_a_stages_progress_reaches_the_prefect_ui(prefect_api, monkeypatch):
+    """A progress artifact per task label that fills as ticks come (throttled to one update
+    per ARTIFACT_EVERY_S, and the last), and a line in the task run's log at the first tick, once
+    a minute and at the last."""
+    import asyncio
+
+    from prefect import flow, task
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+    from prefect.runtime import flow_run
+
+    import tasks.progress as tp
+
+    now = [1000.0]
+    monkeypatch.setattr(tp.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    lines = []
+
+    @task
+    def stage():
+        ui = tp.PrefectProgress("Rec", "rl1")
+        monkeypatch.setattr(ui.log, "info", lambda fmt, *a: lines.append(fmt % a))
+        for step in range(1, 6):
+            ui(("rl1", step, 5, f"accuracy {step / 10:.1f}"))
+            now[0] += 30.0  # a step of 30 s
+        ui(("eval/rl1", 1, 2, ""))
+        return flow_run.get_id()
+
+    @flow
+    def run():
+        return stage()
+
+    run_id = run()
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+            )
+
+    found = {a.key: a for a in asyncio.run(read())}
+    assert set(found) == {"rec-rl1-progress-rl1", "rec-rl1-progress-eval-rl1"}
+    assert found["rec-rl1-progress-rl1"].type == "progress"
+    assert float(found["rec-rl1-progress-rl1"].data) == 100.0
+    assert float(found["rec-rl1-progress-eval-rl1"].data) == 50.0
+    assert found["rec-rl1-progress-rl1"].description == "rl1: step 5/5, 2m00s"
+    # step 3 is the first a minute after the first line
+    assert lines == [
+        "[rl1] step 1/5, 0s, ~0s left: accuracy 0.1",
+        "[rl1] step 3/5, 1m00s, ~40s left: accuracy 0.3",
+        "[rl1] step 5/5, 2m00s: accuracy 0.5",
+        "[eval/rl1] step 1/2, 0s, ~0s left",
+    ]

@@ -2,12 +2,11 @@
 
 import pytest
 
-from rstar.pipeline.config import load_recipe
+from rstar.pipeline.config import load_recipe, seed_overrides
 from rstar.pipeline.robustness import (
     Variant,
     meets,
     native_capability,
-    seed_overrides,
     table,
     variants,
 )
