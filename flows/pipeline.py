@@ -7,6 +7,8 @@ hard -> RL stage 3 -> evaluation, one retryable, cached Prefect task per stage.
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.states import Completed, State
 
 from flows.reconcile import claim_root
 from rstar.pipeline.config import load_recipe, run_overrides
@@ -14,6 +16,7 @@ from rstar.pipeline.layout import Layout
 from rstar.pipeline.records import StageInputs, StageOutput
 from rstar.tracking import mlflow_log as ml
 from tasks.stage import submit
+from tasks.summary import artifact_key
 
 
 @flow(name="rstar-pipeline", log_prints=True)
@@ -22,7 +25,7 @@ def pipeline(
     overrides: dict | None = None,
     storage_root: str | None = None,
     rl_steps: list[int] | None = None,
-    seed: int | None = None,
+    seed: int = 0,
 ) -> dict[str, StageOutput]:
     """Run a recipe: base model, problems, SFT, RL stages 1-3, mining, evaluation, each stage a
     cached, retried task. One run per storage root at a time: a second one fails at once naming
@@ -41,14 +44,15 @@ def pipeline(
         rl_steps: Steps of each RL stage in order (rl1, rl2, rl3), e.g. [2, 1, 1]. Empty: the
             recipe's.
         seed: Moves every seeded part (SFT's data and order, each RL stage's prompts and
-            sampling) by this much; the held-out set stays. Empty or 0: the recipe's seeds.
+            sampling) by this much; the held-out set stays. 0: the recipe's seeds.
     """
     values = run_overrides(
         config, overrides, storage_root=storage_root, rl_steps=rl_steps, seed=seed
     )
     recipe = load_recipe(config, values)
     with claim_root(Layout(recipe.storage_root).root):
-        return _run(recipe, config)
+        # the caller gets the outputs; Prefect records the state, named by the verdict
+        return _final_state(_run(recipe, config))
 
 
 def _run(recipe, config: str) -> dict[str, StageOutput]:
@@ -153,14 +157,27 @@ def _mark_reused(uri: str, parent: str, recipe, outs: dict[str, StageOutput]) ->
 def _where_to_look(
     recipe, config: str, uri: str, parent: str, outs: dict[str, StageOutput]
 ) -> None:
-    log = get_run_logger()
+    """The result and where to find everything: in the log and as the run's summary artifact."""
     evaluation = outs["evaluate"].evaluation
+    places = [
+        f"storage: {Layout(recipe.storage_root).root}",
+        f"MLflow parent run {parent}; UI: mlflow ui --backend-store-uri {uri}",
+        f"lineage of the final model: rstar lineage {outs[recipe.rl[-1].name].model.version} "
+        f"--config {config}",
+    ]
+    log = get_run_logger()
     log.info("\n%s\n\n%s\n", evaluation.table, "\n".join(evaluation.verdict))
-    log.info("storage: %s", Layout(recipe.storage_root).root)
-    log.info("MLflow parent run %s; UI: mlflow ui --backend-store-uri %s", parent, uri)
-    log.info("Prefect UI: prefect server start (then open http://127.0.0.1:4200)")
-    log.info(
-        "lineage of the final model: rstar lineage %s --config %s",
-        outs[recipe.rl[-1].name].model.version,
-        config,
+    for line in places:
+        log.info("%s", line)
+    create_markdown_artifact(
+        f"# {recipe.name}\n\n{evaluation.headline()}\n" + "".join(f"- {p}\n" for p in places),
+        key=artifact_key(recipe.name, "summary"),
+        description=f"the result of pipeline {recipe.name}",
     )
+
+
+def _final_state(outs: dict[str, StageOutput]) -> State:
+    """Completed, named by the verdict so the runs list tells learnt from not."""
+    learnt = outs["evaluate"].evaluation.learnt
+    name = {True: "Learnt", False: "Did not learn", None: "Completed"}[learnt]
+    return Completed(name=name, message="; ".join(outs["evaluate"].evaluation.verdict), data=outs)

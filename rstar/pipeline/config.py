@@ -357,7 +357,7 @@ def run_overrides(
     *,
     storage_root: str | None = None,
     rl_steps: list[int] | None = None,
-    seed: int | None = None,
+    seed: int = 0,
 ) -> dict:
     """The overrides a run form's typed fields stand for (the storage root, each RL stage's steps
     in order, a seed that moves every seeded part), then the free-form `overrides`, which win."""

@@ -213,7 +213,12 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     assert list(outs["evaluate"].evaluation.summaries) == ["sft", "rl1", "rl2", "rl3"]
     # one markdown summary per stage in the UI
     artifacts = _artifacts(state.state_details.flow_run_id)
-    assert set(artifacts) == {artifact_key(recipe.name, s) for s in STAGES}
+    assert set(artifacts) == {artifact_key(recipe.name, s) for s in [*STAGES, "summary"]}
+    # the run's own: the verdict, the table, where to look; and its state named by the verdict
+    summary = artifacts[artifact_key(recipe.name, "summary")]
+    assert "**DID NOT LEARN.**" in summary and "| rl3 avg@1" in summary
+    assert f"rstar lineage {outs['rl3'].model.version}" in summary
+    assert state.name == "Did not learn"
     # and each stage's progress, full at its end
     progress = _artifacts(state.state_details.flow_run_id, "progress")
     stages = [s.name for s in recipe.rl]
