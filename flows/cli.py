@@ -119,12 +119,20 @@ def pipeline_plan(
 def pipeline_reevaluate(
     config: str = typer.Option("configs/tiny.yaml"),
     version: list[str] = typer.Option([], help="NAME/VERSION or 'latest' (repeatable)."),
-    problems: str = typer.Option(None, help="Problems-schema Parquet (default: held-out set)."),
+    problems: str = typer.Option(
+        None, help="Problems-schema Parquet (default: the recorded held-out set)."
+    ),
+    recorded: bool = typer.Option(
+        True,
+        "--recorded-settings/--recipe-settings",
+        help="The settings and held-out set of the first version's last evaluation, or the "
+        "recipe's.",
+    ),
 ) -> None:
-    """Evaluate registered model versions and attach the results to their lineage."""
+    """Evaluate registered model versions again and attach the results to their lineage."""
     from flows.reevaluate import reevaluate
 
-    reevaluate(config, version or None, problems)
+    reevaluate(config, version or None, problems, recorded=recorded)
 
 
 @app.command("serve")

@@ -1,5 +1,6 @@
-"""Re-evaluation: evaluate chosen registered model versions on the recipe's held-out set (or a
-problems file) and attach the results to each version's lineage (the evaluation run is tagged
+"""Re-evaluation: evaluate chosen registered model versions again, by default with the settings
+and held-out set of the first one's last evaluation (read from its lineage), so the figures
+compare; and attach the results to each version's lineage (the evaluation run is tagged
 `rstar.evaluates.<name/version>`, which `rstar lineage` reads).
 
     rstar pipeline reevaluate --config configs/tiny.yaml --version rstar-tiny/5
@@ -11,10 +12,12 @@ import time
 
 from prefect import flow, get_run_logger
 
+from rstar.errors import NotRetryable
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.records import ModelRef, StageInputs, StageOutput, Stored
 from rstar.tracking import mlflow_log as ml
 from rstar.tracking.digest import digest
+from rstar.tracking.lineage import lineage
 from tasks.stage import submit
 
 
@@ -37,32 +40,80 @@ def resolve_versions(uri: str, model_name: str, versions: list[str]) -> dict[str
     return out
 
 
+def recorded_settings(uri: str, version: str) -> dict | None:
+    """How `version` was last evaluated, read from its lineage: {"run_id", "label", "overrides"
+    (the eval settings as recipe overrides), "held_out" ({"uri", "digest"})}; None if never."""
+    import yaml
+
+    evaluations = lineage(uri, version).evaluations
+    if not evaluations or not evaluations[-1]["held_out"]:
+        return None
+    last = evaluations[-1]
+    return {
+        "run_id": last["run_id"],
+        "label": last["label"],
+        # include_base says which checkpoints a pipeline evaluates, not how
+        "overrides": {
+            f"eval.{k}": yaml.safe_load(v)
+            for k, v in last["settings"].items()
+            if k != "include_base"
+        },
+        "held_out": last["held_out"],
+    }
+
+
 @flow(name="rstar-reevaluate", log_prints=True)
 def reevaluate(
     config: str = "configs/tiny.yaml",
     versions: list[str] | None = None,
     problems: str | None = None,
     overrides: dict | None = None,
+    recorded: bool = True,
 ) -> StageOutput:
-    """Evaluate `versions` (default: the latest) on `problems` (default: the recipe's held-out
-    set)."""
+    """Evaluate registered model versions again and attach the results to their lineage.
+
+    Args:
+        config: The recipe whose MLflow store and registered model hold the versions.
+        versions: Each as name/version, or "latest". Empty: the latest.
+        problems: A problems-schema Parquet to evaluate on. Empty: the held-out set the first
+            version was last evaluated on (with `recorded`), else the recipe's.
+        overrides: Recipe values by dotted key, e.g. {"eval.k": 4}; they win over the recorded
+            settings.
+        recorded: Evaluate with the settings (k, temperature, budgets) and held-out set of the
+            first version's last evaluation, so the two can be compared; off: the recipe's.
+    """
     recipe = load_recipe(config, overrides)
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)
     ml.check_reachable(uri)
     sources = resolve_versions(uri, recipe.tracking.registered_model, versions or ["latest"])
+    first = next(iter(sources))
+    before = recorded_settings(uri, first) if recorded else None
+    if before:
+        recipe = load_recipe(config, {**before["overrides"], **(overrides or {})})
+        get_run_logger().info(
+            "settings and held-out set of %s's evaluation %s (run %s): %s",
+            first,
+            before["label"],
+            before["run_id"],
+            ", ".join(f"{k}={v}" for k, v in before["overrides"].items()),
+        )
     parent = ml.start_run(
         uri,
         recipe.tracking.experiment,
         f"reevaluate:{recipe.name}",
         tags={ml.PIPELINE: "reevaluate"},
-        params={"versions": sorted(sources)},
+        params={
+            "versions": sorted(sources),
+            "settings_from": f"{before['label']} run {before['run_id']}" if before else "recipe",
+        },
     )
     with ml.closing(uri, parent):
-        if problems is None:
-            # cached after a pipeline run
-            held_out = submit("problems", recipe, StageInputs(), parent).datasets["eval"]
-        else:
+        if problems is not None:
             held_out = Stored(problems, digest(problems))
+        elif before:
+            held_out = _unchanged(before["held_out"], first)
+        else:  # the recipe's, cached after a pipeline run
+            held_out = submit("problems", recipe, StageInputs(), parent).datasets["eval"]
         models = {
             v.replace("/", "-v"): ModelRef(source, registered, v)
             for v, (source, registered) in sources.items()
@@ -79,3 +130,15 @@ def reevaluate(
         )
     get_run_logger().info("\n%s", out.evaluation.table)
     return out
+
+
+def _unchanged(held_out: dict, version: str) -> Stored:
+    """The recorded held-out set, refused if its file changed since (another run on the root)."""
+    found = digest(held_out["uri"])
+    if found != held_out["digest"]:
+        raise NotRetryable(
+            f"the held-out set {version} was last evaluated on, {held_out['uri']}, has changed "
+            f"(digest {found}, recorded {held_out['digest']}): give `problems`, or recorded=false"
+            " for the recipe's"
+        )
+    return Stored(held_out["uri"], found)

@@ -33,7 +33,7 @@ class Link:
 class Lineage:
     data: list[dict]  # the problems stage's datasets (train and held-out, with digests)
     chain: list[Link]  # oldest (base) first, the asked-for version last
-    # per run evaluating it: run_id, label, date, settings, data, avg pass@1 metrics
+    # per run evaluating it: run_id, label, date, settings, data, held_out, avg pass@1 metrics
     evaluations: list[dict]
 
 
@@ -95,6 +95,7 @@ def lineage(tracking_uri: str, version: str, default_name: str | None = None) ->
             "data": [
                 f"{d.dataset.name} digest {d.dataset.digest}" for d in r.inputs.dataset_inputs
             ],
+            "held_out": _held_out(r),
             "metrics": {
                 k.split("/", 2)[2]: v
                 for k, v in r.data.metrics.items()
@@ -104,6 +105,16 @@ def lineage(tracking_uri: str, version: str, default_name: str | None = None) ->
         for r in sorted(runs, key=lambda r: r.info.start_time)
     ]
     return Lineage(data, chain, evaluations)
+
+
+def _held_out(run) -> dict | None:
+    """The held-out set an evaluation run read: {"uri", "digest"}."""
+    import json
+
+    for d in run.inputs.dataset_inputs:
+        if d.dataset.name == "eval_problems":
+            return {"uri": json.loads(d.dataset.source)["uri"], "digest": d.dataset.digest}
+    return None
 
 
 def _datasets(run) -> list[dict]:

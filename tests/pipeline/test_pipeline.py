@@ -531,6 +531,38 @@ def test_a_served_deployment_runs_when_triggered_like_the_ui_run_button(
     assert evals[0]["metrics"] == evals[1]["metrics"]
 
 
+def test_a_reevaluation_takes_the_settings_and_held_out_set_a_version_was_evaluated_with(
+    prefect_api, finished_local, tmp_path
+):
+    """A deployment's recipe may differ from the one a version was trained and evaluated with
+    (another held-out set, another k): by default a re-evaluation takes what the version's last
+    evaluation used, so the two compare; recorded=False takes the recipe's."""
+    import json
+
+    import yaml
+
+    from flows.reevaluate import reevaluate
+    from tests.conftest import product_problems
+
+    path, _, outs = finished_local
+    raw = yaml.safe_load(Path(path).read_text())
+    held_out = tmp_path / "eval.jsonl"
+    held_out.write_text("".join(json.dumps(r) + "\n" for r in product_problems(2, 77)))
+    raw["eval"]["k"] = 2
+    raw["eval_problems"]["files"] = [str(held_out)]
+    raw["storage_root"] = str(tmp_path / "root")  # where its own held-out set is made
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(raw))
+    version = outs["rl2"].model.version  # (rl1's evaluations are counted by another test)
+    reevaluate(str(other), [version])
+    reevaluate(str(other), [version], recorded=False)
+    pipeline_eval, recorded, own = lineage(raw["tracking"]["tracking_uri"], version).evaluations
+    assert recorded["settings"] == pipeline_eval["settings"]
+    assert recorded["data"] == pipeline_eval["data"]
+    assert recorded["label"].startswith("reeval-")
+    assert own["settings"]["k"] == "2" and own["data"] != pipeline_eval["data"]
+
+
 def test_lineage_command_prints_the_chain(finished_local):
     from typer.testing import CliRunner
 
