@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.states import Completed, State
+from prefect.runtime import flow_run
+from prefect.states import Completed, Failed, State
 
 from flows.reconcile import claim_root
-from rstar.pipeline.config import load_recipe, run_overrides
+from rstar.pipeline.config import ConfigError, load_recipe, run_overrides
 from rstar.pipeline.layout import Layout
 from rstar.pipeline.records import StageInputs, StageOutput
+from rstar.storage.lock import RootBusy
 from rstar.tracking import mlflow_log as ml
+from rstar.tracking.mlflow_log import TrackingUnreachable
 from tasks.stage import submit
 from tasks.summary import artifact_key
 
@@ -46,13 +49,18 @@ def pipeline(
         seed: Moves every seeded part (SFT's data and order, each RL stage's prompts and
             sampling) by this much; the held-out set stays. 0: the recipe's seeds.
     """
-    values = run_overrides(
-        config, overrides, storage_root=storage_root, rl_steps=rl_steps, seed=seed
-    )
-    recipe = load_recipe(config, values)
-    with claim_root(Layout(recipe.storage_root).root):
-        # the caller gets the outputs; Prefect records the state, named by the verdict
-        return _final_state(_run(recipe, config))
+    try:
+        values = run_overrides(
+            config, overrides, storage_root=storage_root, rl_steps=rl_steps, seed=seed
+        )
+        recipe = load_recipe(config, values)
+        with claim_root(Layout(recipe.storage_root).root):
+            # the caller gets the outputs; Prefect records the state, named by the verdict
+            return _final_state(_run(recipe, config))
+    except (ConfigError, TrackingUnreachable, RootBusy) as e:
+        # what the CLI checks before a run: a run from the UI fails with the same one line, no
+        # traceback in its log
+        return Failed(message=str(e))
 
 
 def _run(recipe, config: str) -> dict[str, StageOutput]:
@@ -75,6 +83,9 @@ def _run(recipe, config: str) -> dict[str, StageOutput]:
             "rstar.recipe_digest": recipe.digest(),
             "rstar.config": config,
             ml.ROOT: root,
+            # back to the Prefect flow run that made it (its page, where the server has a UI)
+            "rstar.prefect_flow_run": flow_run.get_id(),
+            "rstar.prefect_flow_run_url": flow_run.get_flow_run_ui_url() or "",
         },
     )
     outs: dict[str, StageOutput] = {}

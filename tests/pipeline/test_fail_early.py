@@ -198,6 +198,29 @@ def test_the_flow_itself_refuses_a_busy_root(prefect_api, tmp_path):
     )
 
 
+def test_a_recipe_error_in_a_run_from_the_ui_is_one_line_without_a_traceback(prefect_api):
+    """The flow itself (a run from the Run form has no CLI check before it): a Failed state whose
+    message is the recipe check's line, and no traceback in the run's log."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from flows.pipeline import pipeline
+
+    state = pipeline("configs/tiny.yaml", {"rl3.stepz": 3}, return_state=True)
+    assert state.is_failed()
+    assert state.message == "configs/tiny.yaml: rl.2.stepz: unknown key (did you mean 'steps'?)"
+
+    async def logs():
+        async with get_client() as client:
+            return await client.read_logs(
+                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+            )
+
+    assert not any("Traceback" in log.message for log in asyncio.run(logs()))
+
+
 def test_an_error_retrying_cannot_fix_is_not_retried(prefect_api, tmp_path):
     """A shipped base whose manifest disagrees with the recipe: the base stage fails once (the
     recipe allows 2 retries), with the field named, instead of three times. (The recipe check

@@ -247,6 +247,11 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
         (i, pytest.approx(v)) for i, v in enumerate(accuracy.values())
     ]
     assert parent.data.tags["rstar.learnt"] == "false"
+    # and back to the Prefect flow run that made it
+    assert parent.data.tags["rstar.prefect_flow_run"] == str(state.state_details.flow_run_id)
+    assert parent.data.tags["rstar.prefect_flow_run_url"].endswith(
+        f"/flow-run/{state.state_details.flow_run_id}"
+    )
     assert parent.data.tags[ml.NOTE].startswith("**DID NOT LEARN.**")
     assert "| rl3 avg@1" in parent.data.tags[ml.NOTE]
     assert {a.path for a in c.list_artifacts(parent.info.run_id, "evaluation")} == {
