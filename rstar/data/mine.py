@@ -33,6 +33,17 @@ class MiningReport:
         )
 
 
+def candidates(problems: list[dict], n: int | None, seed: int) -> list[dict]:
+    """The `n` training problems to mine among (all for None): a seeded draw over the whole set,
+    not its first rows, which are one source's (curation keeps its files' order; SmolLM2's
+    recipe mined 32 word problems and no arithmetic)."""
+    if n is None or n >= len(problems):
+        return problems
+    import random
+
+    return random.Random(seed).sample(problems, n)
+
+
 def mine_hard(
     problems: Iterable[dict],
     rollouts: Iterable[dict],

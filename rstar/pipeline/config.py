@@ -123,7 +123,8 @@ class SFTSection(_Strict):
 class MineSection(_Strict):
     after: str = "rl2"  # the stage whose policy decides what is hard
     k: int = 4  # rollouts per problem; a problem solved k/k is easy
-    problems: int | None = None  # mine among this many training problems (all by default)
+    problems: int | None = None  # mine among this many training problems (all by default),
+    seed: int = 0  # drawn at random from the whole set with this seed
     max_response_tokens: int = 384
     max_turns: int = 4
     temperature: float = 1.0

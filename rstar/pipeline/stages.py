@@ -349,14 +349,16 @@ def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
     the driver holds only those running, and a retry resumes after the last part written."""
     from rstar.agent.loop import LoopConfig
     from rstar.data.io import read_table, write_json, write_table
-    from rstar.data.mine import mine_hard
+    from rstar.data.mine import candidates, mine_hard
     from rstar.reward.score import BatchScorer
     from rstar.rollout.open import open_agent_loop
     from rstar.rollout.runner import read_parts, rollout_parts
     from rstar.storage import atomic_write_text
 
     spec = recipe.mine
-    rows = read_table(inputs.problems.uri, "problems").to_pylist()[: spec.problems]
+    rows = candidates(
+        read_table(inputs.problems.uri, "problems").to_pylist(), spec.problems, spec.seed
+    )
     loop_cfg = LoopConfig(
         max_turns=spec.max_turns,
         max_response_tokens=spec.max_response_tokens,

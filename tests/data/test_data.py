@@ -13,7 +13,7 @@ import sympy
 from rstar.data import synth
 from rstar.data.curate import REASONS, CurationConfig, SourceSpec, curate, normalize_text
 from rstar.data.io import DataError, read_table, write_table
-from rstar.data.mine import mine_hard
+from rstar.data.mine import candidates, mine_hard
 from rstar.data.schema import SCHEMAS
 from rstar.data.sources import Columns
 
@@ -236,6 +236,17 @@ def test_mining_keeps_problems_not_solved_every_time():
         2,
     )
     assert report.mean_pass_rate == pytest.approx((1 + 0.875 + 1 + 0) / 4)
+
+
+def test_mining_draws_its_problems_from_the_whole_set():
+    """Two sources one after the other, as curation writes them: a draw of 32 takes from both
+    (the first 32 rows were all the first source's), the same for one seed, others for another."""
+    rows = [{"id": f"gsm/{i}"} for i in range(600)] + [{"id": f"arith/{i}"} for i in range(600)]
+    drawn = candidates(rows, 32, seed=0)
+    assert len(drawn) == len({r["id"] for r in drawn}) == 32
+    assert {r["id"].split("/")[0] for r in drawn} == {"gsm", "arith"}
+    assert drawn == candidates(rows, 32, seed=0) != candidates(rows, 32, seed=1)
+    assert candidates(rows, None, seed=0) == candidates(rows, 5000, seed=0) == rows
 
 
 def test_generator_is_deterministic_and_varied():
