@@ -20,11 +20,12 @@ from rstar.storage import atomic_write_text, dirs, filesystem, is_remote
 
 def resumes(recipe: Recipe, stage: str) -> bool:
     """Whether `stage` continues from what its working directory records after a retry or a
-    kill: the RL stages and SFT on verl (from checkpoints), mining (after its last Parquet part);
-    the local SFT and the other stages start over."""
+    kill: the RL stages and SFT on verl (from checkpoints), mining (after its last Parquet part),
+    evaluation (after its last checkpoint evaluated); the local SFT and the other stages start
+    over."""
     return (
         stage in {s.name for s in recipe.rl}
-        or stage == "mine"
+        or stage in {"mine", "evaluate"}
         or (stage == "sft" and recipe.engine == "verl")
     )
 

@@ -411,7 +411,7 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
     from rstar.data.io import read_table, write_json, write_table
     from rstar.eval.metrics import overall_accuracy
     from rstar.eval.report import write_report
-    from rstar.eval.run import evaluate_model, markdown_table
+    from rstar.eval.run import evaluate_model, markdown_table, summarize_eval
     from rstar.pipeline.verdict import verdict
 
     problems_ = read_table(inputs.problems.uri, "problems").to_pylist()
@@ -425,8 +425,22 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
         inputs.problems.digest or digest(inputs.problems.uri),
         context="evaluation",
     )
+    # each checkpoint's samples, kept in the stage's working directory (named by the recipe and
+    # the inputs) as it finishes: a retried or resumed evaluation does not evaluate it again
+    _, work = cache.work_dir(recipe, "evaluate", inputs)
+    by_id = {p["id"]: p for p in problems_}
     summaries = {}
     for name, model in inputs.models.items():
+        done = f"{work}/{name}.samples.parquet"
+        fs, inner = filesystem(done)
+        if fs.exists(inner):
+            records = read_table(done, "trajectories").to_pylist()
+            summaries[name] = summarize_eval(
+                [{**r, "correct": r["reward"] > 0} for r in records], by_id, recipe.eval.k
+            )
+            log.tag(f"rstar.reused.{name}", done)
+            write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
+            continue
         path = dirs.pull(model.uri)
         # e.g. a registered version's files, changed
         if model.digest and (found := digest(path)) != model.digest:
@@ -444,6 +458,7 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
             progress=clock.advance,
             **serving(recipe),
         )
+        write_table(records, done, "trajectories")
         write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
     write_json(summaries, f"{out_dir}/summary.json")
     # The recipe's verdict when these are its checkpoints (SFT, then RL stages), not a

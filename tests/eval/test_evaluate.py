@@ -277,3 +277,44 @@ def test_the_base_evaluated_beside_the_recipe_keeps_the_verdict_on_the_trained(t
     lines = out.evaluation.verdict
     assert lines[0].startswith("sft held-out ") and "rl1 held-out" in lines[1]
     assert out.evaluation.learnt is not None and "| base |" in out.evaluation.table
+
+
+def test_a_resumed_evaluation_keeps_the_checkpoints_it_finished(tiny_dir, tmp_path, monkeypatch):
+    """Each checkpoint's samples are kept as it finishes: an evaluation run again with the same
+    recipe and inputs (a retry, a run after a kill) evaluates only the checkpoints it lacks,
+    and reports the same figures for the ones it kept."""
+    import os
+
+    from rstar.data.io import write_table
+    from rstar.eval import run
+    from rstar.pipeline import cache, stages
+    from rstar.pipeline.config import load_recipe
+    from rstar.pipeline.layout import Layout
+    from rstar.pipeline.records import ModelRef, StageInputs, Stored
+    from rstar.tracking.digest import digest
+    from rstar.tracking.mlflow_log import NullLog
+
+    recipe = load_recipe(
+        "configs/tiny.yaml",
+        {"storage_root": str(tmp_path / "root"), "eval.k": 2, "eval.max_response_tokens": 8},
+    )
+    held_out = write_table(
+        synth.generate(3, seed=8, levels=(1,)), str(tmp_path / "held.parquet"), "problems"
+    )
+    model = ModelRef(tiny_dir, digest(tiny_dir))
+    inputs = StageInputs(models={"sft": model, "rl1": model}, problems=Stored(held_out))
+    first = stages.evaluate(recipe, Layout(recipe.storage_root), inputs, NullLog())
+    # killed before rl1's samples were kept
+    os.remove(f"{cache.work_uri(recipe, 'evaluate', inputs)}/rl1.samples.parquet")
+    evaluated = []
+    real = run.evaluate_model
+
+    def counting(path, problems, cfg, **kw):
+        evaluated.append(kw["name"])
+        return real(path, problems, cfg, **kw)
+
+    monkeypatch.setattr(run, "evaluate_model", counting)
+    again = stages.evaluate(recipe, Layout(recipe.storage_root), inputs, NullLog())
+    assert evaluated == ["rl1"]
+    assert again.evaluation.summaries == first.evaluation.summaries
+    assert again.evaluation.table == first.evaluation.table

@@ -60,7 +60,7 @@ def test_stages_that_start_over_get_a_new_run_each_attempt(tmp_path):
     recipe = _recipe(tmp_path)
     uri = recipe.tracking.tracking_uri
     parent = ml.start_run(uri, recipe.tracking.experiment, "pipeline:tiny")
-    for stage in ("evaluate", "sft"):  # the local SFT does not resume; SFT on verl does
+    for stage in ("problems", "sft"):  # the local SFT does not resume; SFT on verl does
         first, _ = open_stage_run(uri, recipe, stage, StageInputs(), parent, {})
         ml.end_run(uri, first, "FAILED")
         second, continued = open_stage_run(uri, recipe, stage, StageInputs(), parent, {})
