@@ -19,7 +19,7 @@ from flows.pipeline import pipeline
 from flows.reevaluate import reevaluate
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.layout import Layout
-from rstar.tracking.mlflow_log import absolute_uri
+from rstar.tracking.mlflow_log import LATEST_EVALUATED, absolute_uri
 
 
 def deployments(config: str, name: str, cron: str, timezone: str = "UTC") -> list:
@@ -39,10 +39,15 @@ def deployments(config: str, name: str, cron: str, timezone: str = "UTC") -> lis
         reevaluate.to_deployment(
             name=f"{name}-nightly",
             schedule=Cron(cron, timezone=timezone),
-            parameters={"config": config, "overrides": {"storage_root": root, **tracking}},
+            parameters={
+                "config": config,
+                "versions": [f"@{LATEST_EVALUATED}"],
+                "overrides": {"storage_root": root, **tracking},
+            },
             description=(
-                f"Re-evaluate the latest registered version of {recipe.tracking.registered_model}"
-                f" ({cron}, {timezone}) on the recipe's held-out set."
+                f"Re-evaluate the version of {recipe.tracking.registered_model} a pipeline run "
+                f"last evaluated (its alias {LATEST_EVALUATED}), {cron} {timezone}, with the "
+                "settings and held-out set of its last evaluation."
             ),
         ),
     ]

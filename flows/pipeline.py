@@ -124,6 +124,7 @@ def _run(recipe, config: str) -> dict[str, StageOutput]:
         )
         _mark_reused(uri, parent, recipe, outs)
         _headline(uri, parent, outs["evaluate"])
+        ml.set_alias(uri, model.version, ml.LATEST_EVALUATED)
     _where_to_look(recipe, config, uri, parent, outs)
     return outs
 

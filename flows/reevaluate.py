@@ -23,11 +23,21 @@ from tasks.stage import submit
 
 def resolve_versions(uri: str, model_name: str, versions: list[str]) -> dict[str, tuple[str, str]]:
     """{"name/version": (source, digest registered)}; "latest" means the newest version of the
-    recipe's model."""
+    recipe's model, "@<alias>" the version its alias points at."""
+    from mlflow.exceptions import MlflowException
+
     c = ml.client(uri)
     out = {}
     for v in versions:
-        if v == "latest":
+        if v.startswith("@"):
+            try:
+                v = f"{model_name}/{c.get_model_version_by_alias(model_name, v[1:]).version}"
+            except MlflowException:
+                raise ValueError(
+                    f"{model_name} has no version with the alias {v[1:]!r} yet (a pipeline run "
+                    f"gives its final model {ml.LATEST_EVALUATED!r} once evaluated)"
+                ) from None
+        elif v == "latest":
             found = c.search_model_versions(
                 f"name = '{model_name}'", order_by=["version_number DESC"], max_results=1
             )
@@ -74,7 +84,9 @@ def reevaluate(
 
     Args:
         config: The recipe whose MLflow store and registered model hold the versions.
-        versions: Each as name/version, or "latest". Empty: the latest.
+        versions: Each as name/version, "latest" (the newest) or "@<alias>", e.g.
+            "@latest-evaluated" (a pipeline run's final model, once evaluated). Empty: the
+            latest.
         problems: A problems-schema Parquet to evaluate on. Empty: the held-out set the first
             version was last evaluated on (with `recorded`), else the recipe's.
         overrides: Recipe values by dotted key, e.g. {"eval.k": 4}; they win over the recorded

@@ -460,6 +460,8 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
         )
         write_table(records, done, "trajectories")
         write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
+    for name in summaries:  # every sample, browsable from the evaluation's MLflow run
+        log.artifact(f"{out_dir}/{name}.samples.parquet", "samples")
     write_json(summaries, f"{out_dir}/summary.json")
     # The recipe's verdict when these are its checkpoints (SFT, then RL stages), not a
     # re-evaluation's pick

@@ -310,6 +310,16 @@ class NullLog:
     def curves(self, *a, **k) -> None: ...
 
 
+# the alias a pipeline run gives its final model once evaluated: what the nightly job evaluates
+LATEST_EVALUATED = "latest-evaluated"
+
+
+def set_alias(tracking_uri: str, version: str, alias: str) -> None:
+    """Point `alias` of the registered model at `version` ("name/number")."""
+    name, number = version.rsplit("/", 1)
+    client(tracking_uri).set_registered_model_alias(name, alias, number)
+
+
 def register(
     tracking_uri: str,
     model_name: str,

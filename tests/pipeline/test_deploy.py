@@ -14,6 +14,7 @@ def test_deployments_hold_absolute_paths_and_a_stated_timezone():
         "storage_root": os.path.abspath("runs/tiny"),
         "overrides": {"tracking.tracking_uri": store},
     }
+    assert nightly.parameters["versions"] == ["@latest-evaluated"]
     assert nightly.parameters["overrides"] == {
         "storage_root": os.path.abspath("runs/tiny"),
         "tracking.tracking_uri": store,

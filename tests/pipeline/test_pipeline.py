@@ -121,7 +121,10 @@ def _check_trajectories(recipe, outs):
             table = read_table(uri, "trajectories")
             assert table.schema.names == schema("trajectories").names
             rows = table.to_pylist()
-            assert len(rows) == s.prompts_per_step * s.roc.group_size * s.roc.oversample
+            # the last stage trains on the mined set, which may hold fewer problems than a step
+            problems = outs["mine"].metrics["kept"] if s is recipe.rl[-1] else s.prompts_per_step
+            prompts = min(s.prompts_per_step, problems)
+            assert len(rows) == prompts * s.roc.group_size * s.roc.oversample
             assert len({(r["group_id"], r["sample_index"]) for r in rows}) == len(rows)
             assert {r["stage"] for r in rows} == {s.name}
     # mining's, streamed to parts: every problem mined, k rollouts each, each once
@@ -236,6 +239,10 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
         for line in outs["evaluate"].evaluation.verdict
     )
     assert children["evaluate"].data.tags["rstar.learnt"] == "false"
+    # every sample of the evaluation, as artifacts of its run
+    assert {a.path for a in c.list_artifacts(children["evaluate"].info.run_id, "samples")} == {
+        f"samples/{name}.samples.parquet" for name in ["sft", "rl1", "rl2", "rl3"]
+    }
     # the headline on the parent run: held-out accuracy per checkpoint, verdict, report
     parent = c.get_run(parents[0].info.run_id)
     accuracy = outs["evaluate"].evaluation.accuracy()
@@ -247,6 +254,15 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
         (i, pytest.approx(v)) for i, v in enumerate(accuracy.values())
     ]
     assert parent.data.tags["rstar.learnt"] == "false"
+    # the final model, evaluated, is what the nightly re-evaluation takes
+    from flows.reevaluate import resolve_versions
+
+    name = recipe.tracking.registered_model
+    assert resolve_versions(recipe.tracking.tracking_uri, name, ["@latest-evaluated"]) == (
+        resolve_versions(recipe.tracking.tracking_uri, name, [outs["rl3"].model.version])
+    )
+    with pytest.raises(ValueError, match="no version with the alias 'champion'"):
+        resolve_versions(recipe.tracking.tracking_uri, name, ["@champion"])
     # and back to the Prefect flow run that made it
     assert parent.data.tags["rstar.prefect_flow_run"] == str(state.state_details.flow_run_id)
     assert parent.data.tags["rstar.prefect_flow_run_url"].endswith(
