@@ -110,6 +110,9 @@ def _stage_runs(recipe):
 def _check_trajectories(recipe, outs):
     """Every RL step's rollouts are readable Parquet with the documented schema, each
     rollout exactly once."""
+    from rstar.pipeline.layout import Layout
+
+    mined = read_table(Layout(recipe.storage_root).dataset("hard_problems"), "hard_problems")
     for s in recipe.rl:
         fs, root = filesystem(outs[s.name].trajectories)
         files = sorted(fs.ls(root))
@@ -122,8 +125,8 @@ def _check_trajectories(recipe, outs):
             assert table.schema.names == schema("trajectories").names
             rows = table.to_pylist()
             # the last stage trains on the mined set, which may hold fewer problems than a step
-            problems = outs["mine"].metrics["kept"] if s is recipe.rl[-1] else s.prompts_per_step
-            prompts = min(s.prompts_per_step, problems)
+            last = s is recipe.rl[-1]
+            prompts = min(s.prompts_per_step, len(mined)) if last else s.prompts_per_step
             assert len(rows) == prompts * s.roc.group_size * s.roc.oversample
             assert len({(r["group_id"], r["sample_index"]) for r in rows}) == len(rows)
             assert {r["stage"] for r in rows} == {s.name}
