@@ -58,7 +58,7 @@ def pipeline_run(
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
     from flows.pipeline import pipeline
-    from rstar.pipeline.bench import pipeline_report
+    from rstar.pipeline.report import pipeline_report
     from rstar.storage import atomic_write_text
 
     outs = pipeline(config, values)
@@ -165,7 +165,7 @@ def bench_recipe_command(
     robustness: bool = typer.Option(
         False,
         help="Instead: the whole recipe from the base per seed, "
-        "kernel set and thread count (rstar.pipeline.robustness).",
+        "kernel set and thread count (rstar.bench.robustness).",
     ),
     rebuild_base: bool = typer.Option(
         False,
@@ -180,14 +180,14 @@ def bench_recipe_command(
     """The tiny recipe's time, accuracy per stage and RoC-vs-GRPO ablation -> docs/benchmarks.md;
     for a recipe on a real base (configs/smollm2.yaml), its figures per benchmark and stage."""
     if robustness:
-        from rstar.pipeline.robustness import run_robustness
+        from rstar.bench.robustness import run_robustness
 
         run_robustness(config, out, seeds, rebuild_base, root, RSTAR)
         return
     import time
 
     from flows.pipeline import pipeline
-    from rstar.pipeline.bench import write_real_model_benchmark, write_recipe_benchmark
+    from rstar.bench.recipe import write_real_model_benchmark, write_recipe_benchmark
     from rstar.pipeline.config import load_recipe
 
     values = overrides(set_)

@@ -11,7 +11,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 
-from flows.reconcile import claim_root
+from flows.reconcile import cancel_stage_tasks, claim_root
 from rstar.pipeline.config import ConfigError, load_recipe, run_overrides
 from rstar.pipeline.layout import Layout
 from rstar.pipeline.records import StageInputs, StageOutput
@@ -19,10 +19,10 @@ from rstar.storage.lock import RootBusy
 from rstar.tracking import mlflow_log as ml
 from rstar.tracking.mlflow_log import TrackingUnreachable
 from tasks.stage import submit
-from tasks.summary import artifact_key
+from tasks.summary import artifact_key, as_markdown
 
 
-@flow(name="rstar-pipeline", log_prints=True)
+@flow(name="rstar-pipeline", log_prints=True, on_cancellation=[cancel_stage_tasks])
 def pipeline(
     config: str = "configs/tiny.yaml",
     overrides: dict | None = None,
@@ -171,18 +171,19 @@ def _where_to_look(
 ) -> None:
     """The result and where to find everything: in the log and as the run's summary artifact."""
     evaluation = outs["evaluate"].evaluation
-    places = [
-        f"storage: {Layout(recipe.storage_root).root}",
-        f"MLflow parent run {parent}; UI: mlflow ui --backend-store-uri {uri}",
-        f"lineage of the final model: rstar lineage {outs[recipe.rl[-1].name].model.version} "
+    places = {
+        "storage": Layout(recipe.storage_root).root,
+        "MLflow parent run": ml.where(uri, parent),
+        "lineage of the final model": f"rstar lineage {outs[recipe.rl[-1].name].model.version} "
         f"--config {config}",
-    ]
+    }
     log = get_run_logger()
     log.info("\n%s\n\n%s\n", evaluation.table, "\n".join(evaluation.verdict))
-    for line in places:
-        log.info("%s", line)
+    for what, place in places.items():
+        log.info("%s: %s", what, place)
     create_markdown_artifact(
-        f"# {recipe.name}\n\n{evaluation.headline()}\n" + "".join(f"- {p}\n" for p in places),
+        f"# {recipe.name}\n\n{evaluation.headline()}\n"
+        + "".join(f"- {what}: {as_markdown(place)}\n" for what, place in places.items()),
         key=artifact_key(recipe.name, "summary"),
         description=f"the result of pipeline {recipe.name}",
     )

@@ -1,9 +1,13 @@
-"""What a killed pipeline left RUNNING in Prefect.
+"""What a stopped flow run leaves behind in Prefect.
 
 A SIGKILL skips every clean-up, so the flow run and its stage task runs stay RUNNING for ever.
 The next run on the same storage root learns of the killed one from the root's lock (which
 records the holder's flow run id, rstar.storage.lock) and marks them Crashed, as Prefect marks
 a flow run whose process it saw die.
+
+A cancelled flow run ends Cancelled, but Prefect's task engine records the stage it stopped as
+Crashed (the cancel reaches the task as a termination signal); the flows' cancellation hook
+marks that task run Cancelled too.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import StateType
 from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
-from prefect.states import Crashed
+from prefect.states import Cancelled, Crashed, State
 
 from rstar.storage.lock import hold_root
 
@@ -43,14 +47,31 @@ def crash_killed_flow_run(flow_run_id: str, why: str) -> list[str]:
             return []
         client.set_flow_run_state(run.id, Crashed(message=why), force=True)
         marked.append(f"flow run {run.name}")
-        unfinished = TaskRunFilter(
-            flow_run_id=TaskRunFilterFlowRunId(any_=[run.id]),
-            state=TaskRunFilterState(type=TaskRunFilterStateType(any_=UNFINISHED)),
-        )
-        for task_run in client.read_task_runs(task_run_filter=unfinished):
-            client.set_task_run_state(task_run.id, Crashed(message=why), force=True)
-            marked.append(f"task run {task_run.name}")
+        marked += _mark_task_runs(client, run.id, UNFINISHED, lambda: Crashed(message=why))
     return marked
+
+
+def _mark_task_runs(client, flow_run_id: UUID, types: list[StateType], state) -> list[str]:
+    """Set `state()` on the task runs of `flow_run_id` whose state is of `types`."""
+    found = TaskRunFilter(
+        flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]),
+        state=TaskRunFilterState(type=TaskRunFilterStateType(any_=types)),
+    )
+    marked = []
+    for task_run in client.read_task_runs(task_run_filter=found):
+        client.set_task_run_state(task_run.id, state(), force=True)
+        marked.append(f"task run {task_run.name}")
+    return marked
+
+
+def cancel_stage_tasks(flow, flow_run, state: State) -> None:
+    """A flow's on_cancellation hook: the stage task the cancel stopped (Crashed by Prefect's
+    task engine, or still RUNNING if its process died first) ends Cancelled with its flow run."""
+    why = f"cancelled with flow run {flow_run.name}"
+    with get_client(sync_client=True) as client:
+        _mark_task_runs(
+            client, flow_run.id, [*UNFINISHED, StateType.CRASHED], lambda: Cancelled(message=why)
+        )
 
 
 @contextmanager

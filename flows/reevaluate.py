@@ -9,9 +9,12 @@ compare; and attach the results to each version's lineage (the evaluation run is
 from __future__ import annotations
 
 import time
+from dataclasses import fields
 
 from prefect import flow, get_run_logger
 
+from flows.reconcile import cancel_stage_tasks
+from rstar.agent.sampling import Sampling
 from rstar.errors import NotRetryable
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.records import ModelRef, StageInputs, StageOutput, Stored
@@ -50,6 +53,12 @@ def resolve_versions(uri: str, model_name: str, versions: list[str]) -> dict[str
     return out
 
 
+def _moved(key: str) -> str:
+    """A setting's key now: evaluations recorded before the sampling block had its own key
+    (rstar.agent.sampling) named its fields at the top."""
+    return f"sampling.{key}" if key in {f.name for f in fields(Sampling)} else key
+
+
 def recorded_settings(uri: str, version: str) -> dict | None:
     """How `version` was last evaluated, read from its lineage: {"run_id", "label", "overrides"
     (the eval settings as recipe overrides), "held_out" ({"uri", "digest"})}; None if never."""
@@ -64,7 +73,7 @@ def recorded_settings(uri: str, version: str) -> dict | None:
         "label": last["label"],
         # include_base says which checkpoints a pipeline evaluates, not how
         "overrides": {
-            f"eval.{k}": yaml.safe_load(v)
+            f"eval.{_moved(k)}": yaml.safe_load(v)
             for k, v in last["settings"].items()
             if k != "include_base"
         },
@@ -72,7 +81,7 @@ def recorded_settings(uri: str, version: str) -> dict | None:
     }
 
 
-@flow(name="rstar-reevaluate", log_prints=True)
+@flow(name="rstar-reevaluate", log_prints=True, on_cancellation=[cancel_stage_tasks])
 def reevaluate(
     config: str = "configs/tiny.yaml",
     versions: list[str] | None = None,

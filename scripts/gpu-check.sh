@@ -7,9 +7,23 @@
 #      vLLM rollouts, the project's agent loop, sandbox and reward, with the plan's own GPU
 #      settings (rstar.train.gpu_sizing) scaled to this GPU;
 #   4. evaluation on a vLLM engine replica (a Ray actor) behind the balanced scheduler.
-# Exits non-zero on the first failure. Usage: bash scripts/gpu-check.sh
+# First the NVIDIA driver, which the lock's CUDA 13.0 packages need recent. Exits non-zero on the
+# first failure. Usage: bash scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# The lock's CUDA 13.0 packages need an NVIDIA driver 580.65.06 or later (docs/cluster.md)
+NEED_DRIVER=580.65.06
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 || true)
+if [ -z "$driver" ]; then
+  echo "gpu-check: nvidia-smi finds no NVIDIA driver; the GPU lock needs $NEED_DRIVER or later" >&2
+  exit 1
+fi
+if [ "$(printf '%s\n%s\n' "$NEED_DRIVER" "$driver" | sort -V | head -1)" != "$NEED_DRIVER" ]; then
+  echo "gpu-check: NVIDIA driver $driver is older than $NEED_DRIVER, which CUDA 13.0 (the GPU lock) needs" >&2
+  exit 1
+fi
+echo "NVIDIA driver $driver (the lock needs $NEED_DRIVER or later)"
 
 if [ ! -x .venv-gpu/bin/python ]; then
   python3.11 -m venv .venv-gpu

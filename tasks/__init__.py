@@ -1,1 +1,3 @@
-"""Prefect tasks, one per pipeline stage; thin wrappers over `rstar` that launch Ray jobs."""
+"""The Prefect task that runs any pipeline stage (`stage`), thin over `rstar`: it launches the
+stage as a Ray job; with its progress artifacts (`progress`), summary artifact (`summary`) and
+terminal output (`console`)."""

@@ -89,7 +89,17 @@ def run_stage(stage: str, recipe: Recipe, inputs: StageInputs, parent_run_id: st
             )
             out.model = out.model.registered(version)
             ml.set_tags(uri, run_id, {"rstar.model_version": version})
-    links = {"MLflow run": f"{uri} run {run_id}", "storage root": layout.root, **out.links()}
+    if out.evaluation:  # each evaluated version shows its score and the run that scored it
+        for name, accuracy in out.evaluation.accuracy().items():
+            model = inputs.models[name]
+            if model.version:
+                ml.tag_version(
+                    uri,
+                    model.version,
+                    f"{ml.EVALUATED}.{inputs.report_name}",
+                    f"held-out accuracy {accuracy:.3f} as {name}, run {run_id}",
+                )
+    links = {"MLflow": ml.where(uri, run_id), "storage root": layout.root, **out.links()}
     create_markdown_artifact(
         summary_markdown(out, links),
         key=artifact_key(recipe.name, stage),

@@ -11,13 +11,18 @@ def artifact_key(pipeline: str, stage: str) -> str:
     return f"{pipeline}-{stage}".lower().replace("_", "-")
 
 
+def as_markdown(place: str) -> str:
+    """A web address as a link (the MLflow UI of a tracking server), anything else as code."""
+    return f"[{place}]({place})" if place.startswith(("http://", "https://")) else f"`{place}`"
+
+
 def summary_markdown(out: StageOutput, links: dict) -> str:
     lines = [f"# {out.stage}", "", "| metric | value |", "|---|---|"]
     lines += [
         f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
         for k, v in out.metrics.items()
     ]
-    lines += ["", *(f"- {k}: `{v}`" for k, v in links.items())]
+    lines += ["", *(f"- {k}: {as_markdown(v)}" for k, v in links.items())]
     if out.evaluation:
         lines += ["", out.evaluation.table]
         if out.evaluation.verdict:

@@ -3,7 +3,7 @@ responses, repeat, until the model answers or a limit is hit. Token-level record
 
 Engine-agnostic: it talks to anything with
 `async generate(request_id, prompt_ids, sampling_params) -> Generation` (the local HF engine,
-vLLM, or verl's server manager through the adapter in `rstar.agent.verl`), and to any
+vLLM, or verl's server manager through the adapter in `rstar.agent.verl_adapter`), and to any
 sandbox with `async run_many([ExecRequest]) -> [ExecResult]`.
 """
 
@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from rstar.agent.format import IM_END, STYLES, parse_tool_calls, tool_turn
+from rstar.agent.sampling import Sampling
 from rstar.sandbox.result import ExecRequest, ExecResult, Status
 
 FINISH_REASONS = ("answered", "no_tool_call", "turn_limit", "length_limit")
@@ -39,7 +40,7 @@ class Engine(Protocol):
     ) -> Generation: ...
 
 
-def rollout_of(request_id: str) -> str:
+def rollout_id_of(request_id: str) -> str:
     """The rollout a generation request belongs to: the loop asks for each turn as
     `<rollout id>/<turn>`, so engines and schedulers can keep a rollout's turns together."""
     return request_id.rsplit("/", 1)[0]
@@ -51,12 +52,7 @@ class Sandbox(Protocol):
 
 @dataclass
 class LoopConfig:
-    max_turns: int = 10
-    max_response_tokens: int = 8192  # model and tool tokens together
-    max_tool_response_tokens: int = 1024  # a longer tool response is cut, with a mark
-    temperature: float = 1.0
-    top_p: float = 1.0
-    tool_timeout_s: float = 10.0
+    sampling: Sampling = field(default_factory=Sampling)
     prompt_style: str = "paper"  # a key of rstar.agent.format.STYLES
 
 
@@ -165,10 +161,18 @@ def tool_response(res: ExecResult, tokenizer, max_tokens: int) -> str:
 
 
 class AgentLoop:
+    """Runs one problem to a `Trajectory`: the prompt in the model's chat template, then turns of
+    generation (`engine`) and tool calls (`sandbox`, all of a turn's calls at once) with their
+    responses appended as a user turn, until the model answers, a turn has no call, or the turn
+    or token budget (`cfg`) runs out. It records every token with its log-prob and whether the
+    model generated it (the loss mask), and each tool call's status."""
+
     def __init__(
         self, engine: Engine, tokenizer, sandbox: Sandbox, cfg: LoopConfig | None = None
     ) -> None:
-        self.engine, self.tok, self.sandbox = engine, tokenizer, sandbox
+        self.engine = engine
+        self.tok = tokenizer
+        self.sandbox = sandbox
         self.cfg = cfg or LoopConfig()
         self.stop_ids = [tokenizer.convert_tokens_to_ids(IM_END)]
         if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in self.stop_ids:
@@ -189,7 +193,7 @@ class AgentLoop:
                 finished(request_id)
 
     async def _turns(self, problem: str, request_id: str) -> Trajectory:
-        cfg = self.cfg
+        cfg = self.cfg.sampling
         traj = Trajectory(request_id, self.prompt_ids(problem))
         texts: list[str] = []
         for turn in range(1, cfg.max_turns + 1):
@@ -236,12 +240,13 @@ class AgentLoop:
 
     async def _run_tools(self, calls, turn: int, traj: Trajectory) -> list[str]:
         """Run a turn's calls concurrently; unusable calls answer with their parse error."""
+        cfg = self.cfg.sampling
         runnable = [c for c in calls if c.error is None]
         start = time.monotonic()
         results = iter(
             await self.sandbox.run_many(
                 [
-                    ExecRequest(c.arguments["code"], c.arguments["input"], self.cfg.tool_timeout_s)
+                    ExecRequest(c.arguments["code"], c.arguments["input"], cfg.tool_timeout_s)
                     for c in runnable
                 ]
             )
@@ -257,7 +262,7 @@ class AgentLoop:
             traj.tool_calls.append(
                 ToolRecord(turn, call.arguments["code"], res.status.value, res.wall_s, res.reason)
             )
-            responses.append(tool_response(res, self.tok, self.cfg.max_tool_response_tokens))
+            responses.append(tool_response(res, self.tok, cfg.max_tool_response_tokens))
         return responses
 
     async def run_many(self, problems: list[tuple[str, str]]) -> list[Trajectory]:

@@ -10,12 +10,14 @@
   trainer with its reward, `rm_scores`, and its RoC penalty counts in `rstar_*` fields).
 
 The loop reads its settings from the `rstar` section of verl's config (written by
-`rstar.train.verl_launcher`): sandbox_url, max_turns, prompt_style, max_tool_response_tokens,
-tool_timeout_s.
+`rstar.train.verl_launcher`): sandbox_url, prompt_style and the stage's whole sampling block
+(rstar.agent.sampling); temperature and top-p come with each request from verl, whose
+validation samples at its own.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 from uuid import uuid4
 
@@ -29,7 +31,8 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from rstar.agent.format import TOOL_SCHEMA
-from rstar.agent.loop import AgentLoop, Generation, LoopConfig, rollout_of
+from rstar.agent.loop import AgentLoop, Generation, LoopConfig, rollout_id_of
+from rstar.agent.sampling import Sampling
 from rstar.reward.score import score
 from rstar.sandbox.client import SandboxClient
 
@@ -46,7 +49,7 @@ class ServerManagerEngine:
         self, request_id: str, prompt_ids: list[int], sampling_params: dict
     ) -> Generation:
         out = await self.server_manager.generate(
-            request_id=rollout_of(request_id),
+            request_id=rollout_id_of(request_id),
             prompt_ids=prompt_ids,
             sampling_params={**sampling_params, "logprobs": True},
         )
@@ -109,17 +112,16 @@ async def close_sandbox_clients() -> None:
 @register("rstar_agent")
 class RStarAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
-        rcfg = self.config.get("rstar", {})
+        rcfg = self.config["rstar"]
         response_length = self.rollout_config.response_length
-        cfg = LoopConfig(
-            max_turns=rcfg.get("max_turns", 10),
+        sampling = Sampling(**rcfg["sampling"])
+        sampling = replace(  # verl's own where it has them: its validation samples its way
+            sampling,
+            temperature=sampling_params.get("temperature", sampling.temperature),
+            top_p=sampling_params.get("top_p", sampling.top_p),
             max_response_tokens=response_length,
-            max_tool_response_tokens=rcfg.get("max_tool_response_tokens", 1024),
-            temperature=sampling_params.get("temperature", 1.0),
-            top_p=sampling_params.get("top_p", 1.0),
-            tool_timeout_s=rcfg.get("tool_timeout_s", 10.0),
-            prompt_style=rcfg.get("prompt_style", "paper"),
         )
+        cfg = LoopConfig(sampling, rcfg["prompt_style"])
         sandbox = await sandbox_client(rcfg["sandbox_url"])
         loop = AgentLoop(ServerManagerEngine(self.server_manager), self.tokenizer, sandbox, cfg)
         extra = kwargs.get("extra_info") or {}

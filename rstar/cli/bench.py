@@ -27,7 +27,7 @@ def bench_peers_command(
 ) -> None:
     """The local RL trainer against TRL's GRPOTrainer, and the sandbox against code-judge, on the
     same work -> docs/benchmarks.md."""
-    from rstar.peers.bench import run_peer_benchmark
+    from rstar.bench.peers.bench import run_peer_benchmark
 
     run_peer_benchmark(config, steps, seeds, root, out, png, code_judge)
 
@@ -44,7 +44,7 @@ def bench_engines_command(
 ) -> None:
     """The embedded HF engine against vLLM's CPU build on the recipe's stage-1 rollouts, side by
     side -> docs/benchmarks.md."""
-    from rstar.peers.engines import run_engine_benchmark
+    from rstar.bench.peers.engines import run_engine_benchmark
 
     run_engine_benchmark(config, steps, root, out)
 
@@ -71,12 +71,12 @@ def bench_scheduler_command(
     """Static split vs KV-aware balanced scheduling: calibrated simulation and a real 2-replica
     run (--model); or, with --fake, the balanced scheduler's overhead at the recipe's scale."""
     if fake:
-        from rstar.rollout.overhead import run_overhead_benchmark
+        from rstar.bench.overhead import run_overhead_benchmark
 
         run_overhead_benchmark(queue, replicas, in_flight, out)
         return
     if not model:
         raise typer.BadParameter("give --model (a tiny model directory), or --fake")
-    from rstar.rollout.bench import run_scheduler_benchmark
+    from rstar.bench.scheduler import run_scheduler_benchmark
 
     run_scheduler_benchmark(model, out, rollouts_per_replica, real_rollouts)

@@ -90,6 +90,7 @@ def curate(
     ),
 ) -> None:
     """Filter sources into one problem set; rejects and a report are written beside it."""
+    from rstar.agent.sampling import Sampling
     from rstar.data.curate import CurationConfig, SourceSpec, write_report
     from rstar.data.curate import curate as run
     from rstar.data.sources import read_rows
@@ -112,7 +113,9 @@ def curate(
                 max_answer_digits=max_answer_digits, ngram=ngram, consistency_min=consistency_min
             ),
             sampler=consistency_sampler(
-                consistency_model, consistency_k, max_response_tokens=consistency_max_tokens
+                consistency_model,
+                consistency_k,
+                Sampling(max_response_tokens=consistency_max_tokens),
             )
             if consistency_model
             else None,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import typer
 from rich.console import Console
 
+from rstar.agent.sampling import EVAL_SAMPLING
 from rstar.cli.common import progress_bar
 
 
@@ -23,9 +25,9 @@ def eval_command(
         ..., help="Directory for per-sample Parquet, summary JSON and the markdown table."
     ),
     k: int = typer.Option(16),
-    temperature: float = typer.Option(0.6),
-    max_response_tokens: int = typer.Option(30_000),
-    max_turns: int = typer.Option(30),
+    temperature: float = typer.Option(EVAL_SAMPLING.temperature),
+    max_response_tokens: int = typer.Option(EVAL_SAMPLING.max_response_tokens),
+    max_turns: int = typer.Option(EVAL_SAMPLING.max_turns),
     limit: int = typer.Option(0, help="Only the first N questions of each benchmark (0: all)."),
     prompt_style: str = typer.Option(
         None,
@@ -63,9 +65,13 @@ def eval_command(
             else load_benchmark(name, source or None)
         )
         problems += rows[:limit] if limit else rows
-    cfg = EvalConfig(
-        k=k, temperature=temperature, max_response_tokens=max_response_tokens, max_turns=max_turns
+    sampling = replace(
+        EVAL_SAMPLING,
+        temperature=temperature,
+        max_response_tokens=max_response_tokens,
+        max_turns=max_turns,
     )
+    cfg = EvalConfig(k=k, sampling=sampling)
     summaries = {}
     for spec in model:
         name, _, path = spec.partition("=")

@@ -14,6 +14,6 @@ def bench(
     out: str = typer.Option("docs/benchmarks.md"),
 ) -> None:
     """Integer and symbolic verification rates on this machine; writes docs/benchmarks.md."""
-    from rstar.reward.bench import run_reward_benchmark
+    from rstar.bench.reward import run_reward_benchmark
 
     run_reward_benchmark(integer_items, symbolic_items, out)

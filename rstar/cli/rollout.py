@@ -10,6 +10,7 @@ import time
 import typer
 from rich.console import Console
 
+from rstar.agent.sampling import Sampling
 from rstar.cli.common import progress_bar
 
 
@@ -21,9 +22,9 @@ def rollout_command(
     out: str = typer.Option(..., help="Trajectories Parquet to write."),
     k: int = typer.Option(8, help="Rollouts per problem."),
     limit: int = typer.Option(0, help="Use only the first N problems (0: all)."),
-    max_turns: int = typer.Option(10),
-    max_response_tokens: int = typer.Option(1024),
-    temperature: float = typer.Option(1.0),
+    max_turns: int = typer.Option(Sampling.max_turns),
+    max_response_tokens: int = typer.Option(Sampling.max_response_tokens),
+    temperature: float = typer.Option(Sampling.temperature),
     max_batch: int = typer.Option(64),
     sandbox: str = typer.Option(
         "", help="URL of a sandbox service (default: executors in this process)."
@@ -58,7 +59,9 @@ def rollout_command(
     rows = read_table(problems, "problems").to_pylist()
     rows = rows[:limit] if limit else rows
     cfg = LoopConfig(
-        max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature
+        Sampling(
+            max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature
+        )
     )
     actors = replicas if replicas > 1 else 0  # one engine runs in this process
 

@@ -97,7 +97,7 @@ def bench(
     ),
 ) -> None:
     """Measure the service against a subprocess-per-call baseline; write docs/benchmarks.md."""
-    from rstar.sandbox.bench import run_benchmarks
+    from rstar.bench.sandbox import run_benchmarks
 
     run_benchmarks(trivial_calls, sympy_calls, baseline_calls, single_calls, out)
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from rstar.agent.sampling import EVAL_SAMPLING, Sampling
 
 
 @dataclass
@@ -11,9 +13,7 @@ class EvalConfig:
     # a recipe (rstar.pipeline.config) may not add unknown keys
     __pydantic_config__ = {"extra": "forbid"}
     k: int = 16
-    temperature: float = 0.6
-    max_response_tokens: int = 30_000
-    max_turns: int = 30
+    sampling: Sampling = field(default_factory=lambda: EVAL_SAMPLING)
     seed: int = 0
     # the pipeline also evaluates its base model: a chat model's starting point (the tiny base
     # is a language model that has never seen a chat, so its recipe leaves this off)

@@ -9,7 +9,6 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import PurePosixPath
 
 from rstar.agent.loop import AgentLoop
@@ -47,13 +46,13 @@ async def evaluate(
 ) -> tuple[list[dict], dict]:
     """Rollouts and per-benchmark metrics. Multiple-choice problems get a freshly shuffled
     prompt per sample and are scored by the letter in the boxed answer; their records' `answer`
-    is the text of the chosen option, so majority votes count the same option across samples."""
-    loop.cfg = replace(
-        loop.cfg,
-        temperature=cfg.temperature,
-        max_response_tokens=cfg.max_response_tokens,
-        max_turns=cfg.max_turns,
-    )
+    is the text of the chosen option, so majority votes count the same option across samples.
+    `loop` samples as the protocol says (`cfg.sampling`; evaluate_model builds it so)."""
+    if loop.cfg.sampling != cfg.sampling:
+        raise ValueError(
+            f"the agent loop samples with {loop.cfg.sampling}, the evaluation protocol says "
+            f"{cfg.sampling}"
+        )
     plain = [p for p in problems if "choices" not in json.loads(p["metadata"])]
     records = await rollout(
         loop, plain, cfg.k, stage=stage, policy_step=policy_step, progress=progress, seed_key="eval"
@@ -114,7 +113,7 @@ def evaluate_model(
     async def run() -> tuple[list[dict], dict]:
         async with open_agent_loop(
             model_dir,
-            LoopConfig(prompt_style=prompt_style),
+            LoopConfig(cfg.sampling, prompt_style),
             replicas=replicas,
             kind=kind,
             seed=cfg.seed,

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 
 from rstar.errors import NotRetryable
+from rstar.machine import cpu_model
 from rstar.tracking.digest import digest
 
 MANIFEST = "MANIFEST.json"
@@ -42,17 +42,6 @@ class ShippedBaseError(NotRetryable, ValueError):
 
 def build_spec(spec) -> dict:
     return {k: getattr(spec, k) for k in BUILD_FIELDS}
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def pretrain_base(spec, on_step=None):

@@ -1,8 +1,8 @@
 """The pipeline's recipe: one YAML file, validated whole before any stage starts.
 
 An unknown key, a wrong type or a missing input file is one error naming the file and the
-key path (`rl.1.max_turns`) or the path that does not exist. The trainers' own dataclasses
-(SFTConfig, StageConfig, RoCConfig, EvalConfig) are the schema of their sections, so a
+key path (`rl.1.sampling.max_turns`) or the path that does not exist. The trainers' own dataclasses
+(SFTConfig, StageConfig, RoCConfig, EvalConfig, Sampling) are the schema of their sections, so a
 field added to a trainer is a field of the recipe.
 """
 
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 import rstar
 from rstar.agent.format import STYLES
+from rstar.agent.sampling import Sampling
 from rstar.data import check_names, synth
 from rstar.data import sft as sft_data
 from rstar.data.curate import SourceSpec
@@ -125,9 +126,7 @@ class MineSection(_Strict):
     k: int = 4  # rollouts per problem; a problem solved k/k is easy
     problems: int | None = None  # mine among this many training problems (all by default),
     seed: int = 0  # drawn at random from the whole set with this seed
-    max_response_tokens: int = 384
-    max_turns: int = 4
-    temperature: float = 1.0
+    sampling: Sampling = Sampling()
     # rollouts sampled at once (whole problems' groups): enough to keep every replica's KV
     # cache full, and no more, since the driver holds each until its group is written
     in_flight: int = Field(256, gt=0)
@@ -272,7 +271,10 @@ def _did_you_mean(loc: tuple) -> str:
         cls = _keys_of(cls).get(part)
         while typing.get_origin(cls) is not None:  # list[X], X | None -> X
             cls = next((a for a in typing.get_args(cls) if a is not type(None)), None)
-    close = difflib.get_close_matches(str(loc[-1]), list(_keys_of(cls)), n=1)
+    keys = _keys_of(cls)
+    if "sampling" in keys and loc[-1] in _keys_of(Sampling):
+        return f" (it belongs under sampling: {_where((*loc[:-1], 'sampling', loc[-1]))})"
+    close = difflib.get_close_matches(str(loc[-1]), list(keys), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

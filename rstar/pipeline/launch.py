@@ -9,6 +9,7 @@ operator (or the fault test) can find and kill exactly that process.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 from rstar.cluster import ensure_ray
@@ -16,9 +17,25 @@ from rstar.pipeline.config import Recipe
 from rstar.pipeline.layout import Layout
 from rstar.pipeline.records import StageInputs, StageOutput
 
-# Environment a stage needs on whatever node runs it: storage endpoints and credentials,
-# MLflow settings, project settings, torch's kernel choice (ATEN_CPU_CAPABILITY).
+# Settings a stage takes from the machine that launches it: storage endpoints and credentials,
+# MLflow settings, project settings, torch's kernel choice (ATEN_CPU_CAPABILITY). A local Ray
+# started by this process runs on this machine: they go as they are now. A cluster's nodes keep
+# their own (a pod's cache paths, secrets, endpoints are not overridden by a laptop's loopback
+# MLflow and S3 addresses) and take the launcher's only where they have none (`fill_missing`:
+# the local stack's Ray head was started before its settings were exported).
 FORWARDED = ("RSTAR_", "AWS_", "MLFLOW_", "HF_", "ATEN_")
+
+
+def launcher_env(environ: dict[str, str]) -> dict[str, str]:
+    """The variables of `environ` offered to a stage."""
+    return {k: v for k, v in environ.items() if k.startswith(FORWARDED)}
+
+
+def fill_missing(offered: dict[str, str]) -> None:
+    """In a stage's worker on a cluster: set what the launcher offered and the node lacks, keep
+    the node's own."""
+    for k, v in offered.items():
+        os.environ.setdefault(k, v)
 
 
 def run_job(
@@ -40,32 +57,44 @@ def run_job(
         from rstar.errors import NotRetryable
 
         raise NotRetryable(missing)
-    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED)}
     # a fresh worker process per stage (max_calls, which only ray.remote takes): one reused for
     # the next stage kept the last one's memory (the allocator does not give it back), and a
     # real model's rl3 and evaluation were killed by Ray at 21.5 GB beside it
+    offered = launcher_env(dict(os.environ))
+    joined = bool(os.environ.get("RAY_ADDRESS"))  # a cluster, not a local Ray of this process
     job = ray.remote(max_calls=1)(_job).options(
         num_cpus=recipe.resources.cpus,
         num_gpus=driver_gpus(stage, recipe),
         max_retries=0,
-        runtime_env={"env_vars": env},
         name=f"rstar:{stage}",
+        **({} if joined else {"runtime_env": {"env_vars": offered}}),
     )
-    if on_progress is None:
-        return ray.get(job.remote(stage, recipe, inputs, tracking_uri, run_id, None))
     from ray.util.queue import Queue
 
-    ticks = Queue(actor_options={"num_cpus": 0})  # takes no CPU from the stage it serves
+    # progress ticks come through a queue that takes no CPU from the stage it serves
+    ticks = Queue(actor_options={"num_cpus": 0}) if on_progress else None
+    ref = job.remote(stage, recipe, inputs, tracking_uri, run_id, ticks, offered if joined else {})
+
+    def drain() -> None:
+        for tick in ticks.get_nowait_batch(ticks.qsize()) if ticks else []:
+            on_progress(tick)
+
     try:
-        ref = job.remote(stage, recipe, inputs, tracking_uri, run_id, ticks)
-        while True:
-            finished, _ = ray.wait([ref], timeout=0.2)
-            for tick in ticks.get_nowait_batch(ticks.qsize()):
-                on_progress(tick)
-            if finished:
-                return ray.get(ref)
+        # polled, the waiting done by Python: a signal handler that raises (Prefect's, on a
+        # cancel) inside ray.wait's own wait came out as a SystemError, which Prefect retried
+        while not ray.wait([ref], timeout=0)[0]:
+            drain()
+            time.sleep(0.2)
+        drain()
+        return ray.get(ref)
+    except BaseException:
+        # cancelled, interrupted, or the wait itself failed: the worker stops too, or a retry
+        # would run beside it in the same working directory
+        ray.cancel(ref, force=True)
+        raise
     finally:
-        ray.kill(ticks.actor)
+        if ticks:
+            ray.kill(ticks.actor)
 
 
 def driver_gpus(stage: str, recipe: Recipe) -> float:
@@ -106,8 +135,15 @@ def pid_file(recipe: Recipe, stage: str) -> str:
 
 
 def _job(
-    stage: str, recipe: Recipe, inputs: StageInputs, tracking_uri: str, run_id: str, ticks
+    stage: str,
+    recipe: Recipe,
+    inputs: StageInputs,
+    tracking_uri: str,
+    run_id: str,
+    ticks,
+    offered: dict[str, str],
 ) -> StageOutput:
+    fill_missing(offered)  # before torch reads ATEN_CPU_CAPABILITY
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -116,7 +152,7 @@ def _job(
     from rstar.storage import atomic_write_text
     from rstar.tracking.mlflow_log import StageLog
 
-    configure()  # at the driver's level (RSTAR_LOG_LEVEL, forwarded)
+    configure()  # at the driver's level (RSTAR_LOG_LEVEL, offered) unless the node sets one
     torch.set_num_threads(max(1, int(recipe.resources.cpus)))
     # a "Loading weights" / "Writing model shards" bar per checkpoint is noise
     hf_logging.disable_progress_bar()

@@ -1,10 +1,11 @@
 """`rstar pipeline plan`: what each stage of a recipe will run, checked, without running it.
 
 For every stage, in the order the pipeline runs them: its engine, the Ray job's resources and,
-for an RL stage on verl, the full `python -m verl.trainer.main_ppo` command. That command is
-composed with verl's own Hydra schema and put through `validate_config`, the check verl's
-entry point runs before it starts Ray, so a recipe that verl would refuse fails here, naming
-the stage and verl's message, instead of minutes into a cluster run.
+for a stage on verl, the full command: `python -m rstar.train.verl_trainer` (verl's main_ppo with
+RoC) for an RL stage, verl's SFT trainer for SFT. Each is composed with verl's own Hydra schema
+and put through the checks verl's entry point runs before it starts Ray, so a recipe that verl
+would refuse fails here, naming the stage and verl's message, instead of minutes into a cluster
+run.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def _verl_command(
     recipe: Recipe, layout: Layout, name: str, before: str, gpu=None
 ) -> list[str] | None:
     """The verl command stage `name` will run (None for a stage verl does not run), checked;
-    with the placeholders `PLACEHOLDERS` names (`gpu`: an RL stage's GPU settings)."""
+    with the placeholders `PLACEHOLDERS` names (`gpu`: the stage's GPU settings)."""
     from dataclasses import replace
 
     from rstar.train.verl_launcher import verl_command
@@ -106,6 +107,7 @@ def _verl_command(
                 nodes=recipe.resources.nodes,
                 experiment=recipe.tracking.experiment,
                 device=device,
+                gpu=gpu,
             ),
             check_verl_sft,
         )
@@ -148,6 +150,8 @@ def plan(recipe: Recipe) -> list[dict]:
         rl = next((s for s in recipe.rl if s.name == name), None)
         verl_rl = rl and recipe.engine == "verl"
         gpu = verl_stages.gpu_settings(recipe, rl, DEFAULT_PROMPT_TOKENS) if verl_rl else None
+        if name == "sft" and recipe.engine == "verl":
+            gpu = verl_stages.sft_gpu_settings(recipe)
         command = _verl_command(recipe, layout, name, before, gpu)
         engine = "verl" if command else "local"
         if name == "base" and not recipe.base.build_tiny:
@@ -164,20 +168,16 @@ def plan(recipe: Recipe) -> list[dict]:
                 "nodes": recipe.resources.nodes,
                 "gpus_per_node": recipe.resources.gpus,
             }
+        lines = gpu.lines() if gpu else []
+        if gpu and rl:
+            lines.append(gpu.checkpoint_volume(rl.steps, rl.checkpoint_every, rl.checkpoints_kept))
         stages.append(
             {
                 "name": name,
                 "engine": engine,
                 "resources": resources,
                 "command": command,
-                "gpu_settings": (
-                    [
-                        *gpu.lines(),
-                        gpu.checkpoint_volume(rl.steps, rl.checkpoint_every, rl.checkpoints_kept),
-                    ]
-                    if gpu
-                    else []
-                ),
+                "gpu_settings": lines,
             }
         )
     return stages

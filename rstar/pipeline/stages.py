@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 from dataclasses import replace
+from pathlib import PurePosixPath
 
 from rstar.errors import NotRetryable
 from rstar.pipeline import cache, verl_stages
@@ -176,10 +177,12 @@ def problems(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
                 rows_kept[name] = len(rows)
         made[name] = Stored(path, digest(path))
     for name in ("train", "eval"):
-        log.dataset(made[name].uri, f"{name}_problems", made[name].digest, context="output")
+        log.output(made[name].uri, f"{name}_problems", made[name].digest)
+    kept = {"train_problems": rows_kept["train"], "eval_problems": rows_kept["eval"]}
+    log.metrics(0, kept)
     return StageOutput(
         "problems",
-        {"train_problems": rows_kept["train"], "eval_problems": rows_kept["eval"]},
+        kept,
         datasets={"train": made["train"], "eval": made["eval"]},
     )
 
@@ -257,7 +260,13 @@ def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) 
             fs.rm(path, recursive=True)
     cfg = replace(cfg, init_from=dirs.pull(inputs.model.uri), prompt_style=recipe.prompt_style)
     rows = read_table(inputs.problems.uri, ("problems", "hard_problems")).to_pylist()
-    log.dataset(inputs.problems.uri, "rl_problems", inputs.problems.digest, context="training")
+    # under the name it was written with: train_problems, or the mined hard_problems for rl3
+    log.dataset(
+        inputs.problems.uri,
+        PurePosixPath(inputs.problems.uri).stem,
+        inputs.problems.digest,
+        context="training",
+    )
     clock = StepClock(cfg.steps, stage)
 
     def on_step(step: int, metrics: dict) -> None:
@@ -291,11 +300,8 @@ def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) 
         ["accuracy", "tool_error_rate", "tool_error_rate_positive", "response_len_mean"],
         f"{stage}_curves.png",
     )
-    log.dataset(
-        layout.trajectories(stage),
-        f"{stage}_trajectories",
-        digest(layout.trajectories(stage)),
-        context="output",
+    log.output(
+        layout.trajectories(stage), f"{stage}_trajectories", digest(layout.trajectories(stage))
     )
     last = history[-1] if history else {}
     # The stage's model is its last checkpoint, trainer state included, so the next stage can
@@ -359,12 +365,7 @@ def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
     rows = candidates(
         read_table(inputs.problems.uri, "problems").to_pylist(), spec.problems, spec.seed
     )
-    loop_cfg = LoopConfig(
-        max_turns=spec.max_turns,
-        max_response_tokens=spec.max_response_tokens,
-        temperature=spec.temperature,
-        prompt_style=recipe.prompt_style,
-    )
+    loop_cfg = LoopConfig(spec.sampling, recipe.prompt_style)
     # parts on storage belong to this policy and these problems only if this run's working
     # directory (keyed by both) says it started them; otherwise they are another run's
     _, work = cache.work_dir(recipe, "mine", inputs)
@@ -399,8 +400,9 @@ def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
     path = write_table(hard, layout.dataset("hard_problems"), "hard_problems")
     write_json(report.to_dict(), layout.reports("mining.json"))
     made = Stored(path, digest(path))
-    log.dataset(path, "hard_problems", made.digest, context="output")
-    log.dataset(parts, "mine_trajectories", digest(parts), context="output")
+    log.output(path, "hard_problems", made.digest)
+    log.output(parts, "mine_trajectories", digest(parts))
+    log.metrics(0, report.to_dict())
     return StageOutput(
         "mine", report.to_dict(), datasets={"hard_problems": made}, trajectories=parts
     )
@@ -412,6 +414,7 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
     from rstar.eval.metrics import overall_accuracy
     from rstar.eval.report import write_report
     from rstar.eval.run import evaluate_model, markdown_table, summarize_eval
+    from rstar.machine import give_back_memory
     from rstar.pipeline.verdict import verdict
 
     problems_ = read_table(inputs.problems.uri, "problems").to_pylist()
@@ -460,6 +463,7 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
         )
         write_table(records, done, "trajectories")
         write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
+        give_back_memory()  # the checkpoint's model and engine, before the next one loads
     for name in summaries:  # every sample, browsable from the evaluation's MLflow run
         log.artifact(f"{out_dir}/{name}.samples.parquet", "samples")
     write_json(summaries, f"{out_dir}/summary.json")

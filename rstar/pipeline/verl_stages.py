@@ -36,22 +36,54 @@ def gpus_per_node(recipe: Recipe) -> int:
     return int(recipe.resources.gpus) or 1
 
 
-def gpu_settings(recipe: Recipe, rl, prompt_tokens: int):
-    """The GPU settings an RL stage gets (rstar.train.gpu_sizing), for the recipe's base model
-    (what `rstar pipeline plan` shows before any model exists); None on the CPU."""
+def _shape(recipe: Recipe, stage: str):
     from rstar.errors import NotRetryable
-    from rstar.train.gpu_sizing import ModelShape, size
+    from rstar.train.gpu_sizing import ModelShape
 
-    if device(recipe) == "cpu":
-        return None
     shape = ModelShape.of(recipe.base.path or "")
     if shape is None:
         raise NotRetryable(
-            f"cannot size stage {rl.name}'s GPU settings: base {recipe.base.path!r} is neither a "
+            f"cannot size stage {stage}'s GPU settings: base {recipe.base.path!r} is neither a "
             "directory with a config.json nor a model rstar.train.gpu_sizing knows"
         )
-    gpus = gpus_per_node(recipe) * recipe.resources.nodes
-    return size(shape, recipe.resources.gpu_memory_gb, gpus, prompt_tokens + rl.max_response_tokens)
+    return shape
+
+
+def gpu_settings(recipe: Recipe, rl, prompt_tokens: int):
+    """The GPU settings an RL stage gets (rstar.train.gpu_sizing), for the recipe's base model
+    (what `rstar pipeline plan` shows before any model exists); None on the CPU."""
+    from rstar.train.gpu_sizing import size
+
+    if device(recipe) == "cpu":
+        return None
+    per_node = gpus_per_node(recipe)
+    return size(
+        _shape(recipe, rl.name),
+        recipe.resources.gpu_memory_gb,
+        per_node * recipe.resources.nodes,
+        prompt_tokens,
+        rl.sampling.max_response_tokens,
+        # the rollouts an update trains on: what RoC keeps, in PPO mini-batches
+        rl.prompts_per_step * rl.roc.group_size // rl.mini_batches,
+        per_node,
+    )
+
+
+def sft_gpu_settings(recipe: Recipe):
+    """The GPU settings of verl's SFT (rstar.train.gpu_sizing.size_sft); None on the CPU."""
+    from rstar.train.gpu_sizing import size_sft
+
+    if device(recipe) == "cpu":
+        return None
+    per_node = gpus_per_node(recipe)
+    return size_sft(
+        _shape(recipe, "sft"),
+        recipe.resources.gpu_memory_gb,
+        per_node * recipe.resources.nodes,
+        recipe.sft.train.max_length,
+        recipe.sft.train.batch_size,
+        per_node,
+    )
 
 
 def sft(recipe: Recipe, inputs: StageInputs, log, cfg, data: str) -> str:
@@ -70,6 +102,7 @@ def sft(recipe: Recipe, inputs: StageInputs, log, cfg, data: str) -> str:
         nodes=recipe.resources.nodes,
         experiment=recipe.tracking.experiment,
         device=device(recipe),
+        gpu=sft_gpu_settings(recipe),
     )
     return _run(cmd, "sft", log, work, recipe, lambda: last_checkpoint(work))
 

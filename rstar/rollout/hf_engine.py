@@ -52,8 +52,8 @@ class _GrowingLayer(DynamicLayer):
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
         self.lazy_initialization(keys, values)
-        self.keys = self.values = self._k = self._v = keys[:, :, :0]
-        self.update(keys, values)
+        # the tensors as they are, not a copy: the first decoding step makes room
+        self.keys, self.values = self._k, self._v = keys, values
 
     def update(self, keys, values, *args, **kwargs):
         n, end = self.keys.shape[2], self.keys.shape[2] + keys.shape[2]
@@ -67,10 +67,6 @@ class _GrowingLayer(DynamicLayer):
         self._v[:, :, n:end] = values
         self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
         return self.keys, self.values
-
-
-def _cache(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Cache:
-    return Cache(layers=[_GrowingLayer(k, v) for k, v in layers])
 
 
 def _pad_left(t: torch.Tensor, to: int) -> torch.Tensor:
@@ -227,29 +223,33 @@ class HFEngine:
             # logits were requests x longest prompt x 49K floats (21 GB for 128 mining rollouts)
             logits_to_keep=1,
         )
-        layers = self._layers(out.past_key_values)
+        new = out.past_key_values.layers  # each freed as it joins the batch
         width = max(self._width, longest)
-        if self._cache is None:
-            self._cache = _cache(layers)
-        else:
-            self._cache = _cache(
-                [
-                    (
-                        torch.cat([_pad_left(k0, width), _pad_left(k1, width)]),
-                        torch.cat([_pad_left(v0, width), _pad_left(v1, width)]),
-                    )
-                    for (k0, v0), (k1, v1) in zip(self._layers(self._cache), layers)
-                ]
+
+        def joined(i: int, keys: torch.Tensor, values: torch.Tensor):
+            layer, new[i] = new[i], None
+            return (
+                torch.cat([_pad_left(keys, width), _pad_left(layer.keys, width)]),
+                torch.cat([_pad_left(values, width), _pad_left(layer.values, width)]),
             )
+
+        if self._cache is None:
+            self._cache = Cache(layers=[_GrowingLayer(layer.keys, layer.values) for layer in new])
+        else:
+            self._rebuild(joined)
         self._width = width
         for s in seqs:
             s.length = len(s.prompt_ids)
             self._active.append(s)
         self._sample_all(seqs, out.logits[:, -1, :])
 
-    @staticmethod
-    def _layers(cache):
-        return [(layer.keys, layer.values) for layer in cache.layers]
+    def _rebuild(self, make) -> None:
+        """Each cache layer replaced by `make(index, keys, values)`, one layer at a time, so that
+        the cache exists twice over for one layer at most (rebuilt whole, it was held three
+        times over: old, new and a copy with room to grow)."""
+        layers = self._cache.layers
+        for i, layer in enumerate(layers):
+            layers[i] = _GrowingLayer(*make(i, layer.keys, layer.values))
 
     def _sample_all(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
         """One token for each of `seqs` (rows of `logits`), the whole batch at once."""
@@ -288,11 +288,11 @@ class HFEngine:
                 idx = torch.tensor(keep, device=self.device)
                 # drop columns that are padding for all
                 trim = self._width - max(s.length for s in self._active)
-                self._cache = _cache(
-                    [
-                        (k.index_select(0, idx)[:, :, trim:], v.index_select(0, idx)[:, :, trim:])
-                        for k, v in self._layers(self._cache)
-                    ]
+                self._rebuild(
+                    lambda i, k, v: (
+                        k[:, :, trim:].index_select(0, idx),
+                        v[:, :, trim:].index_select(0, idx),
+                    )
                 )
                 self._width -= trim
         return done

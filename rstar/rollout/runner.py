@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from typing import TypeVar
 
 from rstar.agent.loop import AgentLoop, Trajectory
+from rstar.agent.sampling import Sampling
 from rstar.reward.extract import extract_answer
 from rstar.reward.score import BatchScorer, ScoreItem
 from rstar.sandbox.result import Status
@@ -266,10 +267,8 @@ def summarize(records: list[dict], wall_s: float | None = None) -> dict:
 def consistency_sampler(
     model_dir: str,
     k: int,
+    sampling: Sampling,
     *,
-    max_response_tokens: int = 1024,
-    max_turns: int = 10,
-    temperature: float = 1.0,
     seed: int = 0,
 ):
     """An `AnswerSampler` for curation's consistency filter: k rollouts of each problem by the
@@ -279,12 +278,7 @@ def consistency_sampler(
 
     def sample(problems: list[dict]) -> list[list[str | None]]:
         async def main() -> list[dict]:
-            loop_cfg = LoopConfig(
-                max_turns=max_turns,
-                max_response_tokens=max_response_tokens,
-                temperature=temperature,
-            )
-            async with open_agent_loop(model_dir, loop_cfg, seed=seed) as loop:
+            async with open_agent_loop(model_dir, LoopConfig(sampling), seed=seed) as loop:
                 return await rollout(loop, problems, k, stage="consistency")
 
         answers: dict[str, list[str | None]] = {}

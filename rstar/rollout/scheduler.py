@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from rstar.agent.loop import Generation, rollout_of
+from rstar.agent.loop import Generation, rollout_id_of
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class BalancedScheduler:
             need,
             asyncio.get_running_loop().create_future(),
         )
-        (self.waiting if rollout_of(request_id) in self.home else self.fresh).append(req)
+        (self.waiting if rollout_id_of(request_id) in self.home else self.fresh).append(req)
         self._dispatch()
         return await req.future
 
@@ -203,7 +203,7 @@ class BalancedScheduler:
     def _dispatch(self) -> None:
         resumed = []
         for req in self.waiting:
-            home = self.home.get(rollout_of(req.request_id))
+            home = self.home.get(rollout_id_of(req.request_id))
             if home is not None and self.replicas[home].capacity < req.need:
                 home = None  # it outgrew that replica altogether: waiting there would be forever
             resumed.append(home)
@@ -229,7 +229,7 @@ class BalancedScheduler:
             rep.last_progress = time.monotonic()
         rep.reserved += req.need
         rep.inflight.add(req.request_id)
-        self.home[rollout_of(req.request_id)] = i
+        self.home[rollout_id_of(req.request_id)] = i
         asyncio.ensure_future(self._run(i, req))
 
     async def _run(self, i: int, req: _Request) -> None:
@@ -286,7 +286,7 @@ class StaticScheduler:
     async def generate(
         self, request_id: str, prompt_ids: list[int], sampling_params: dict
     ) -> Generation:
-        rollout = rollout_of(request_id)
+        rollout = rollout_id_of(request_id)
         i = self.assigned.setdefault(rollout, len(self.assigned) % len(self.engines))
         gen = await self.engines[i].generate(request_id, prompt_ids, sampling_params)
         self.served[i] += 1

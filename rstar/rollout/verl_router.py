@@ -12,11 +12,17 @@ verl's acquire cannot make a request wait, so when no replica has room the reque
 its home (or the emptiest replica) anyway, and vLLM queues it there; `overcommitted` counts
 those. `kv_cache_tokens` (per replica) comes from the router YAML; without it, placement is by
 least KV reserved, with no capacity limit.
+
+The homes (rollout -> replica) are kept for the `max_homes` rollouts seen last (router YAML,
+default 65,536: four times the paper's 16K rollouts a step): verl never tells the balancer a
+rollout ended, and a map of every rollout grew to about one entry per request by the end of a
+stage (~5M in rl1). A rollout whose home was dropped places as a new one.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 
 from rstar.logs import configure
 from rstar.rollout.scheduler import plan_dispatch
@@ -24,6 +30,7 @@ from rstar.rollout.scheduler import plan_dispatch
 log = logging.getLogger(__name__)
 
 UNLIMITED = 1 << 62
+MAX_HOMES = 1 << 16
 
 
 class KVBalancedRouter:
@@ -31,7 +38,9 @@ class KVBalancedRouter:
         self.capacity = int((config or {}).get("kv_cache_tokens") or UNLIMITED)
         self.servers: dict = dict(servers)
         self.reserved: dict[str, int] = dict.fromkeys(servers, 0)
-        self.home: dict[str, str] = {}  # request id (a rollout) -> server
+        # request id (a rollout) -> server, the most recently used last
+        self.home: OrderedDict[str, str] = OrderedDict()
+        self.max_homes = int((config or {}).get("max_homes") or MAX_HOMES)
         self.inflight: dict[str, tuple[str, int]] = {}  # request id -> (server, KV reserved)
         self.overcommitted = 0
         # verl makes its balancer in an actor process of its own: log there as the stage does
@@ -76,6 +85,9 @@ class KVBalancedRouter:
             i = home if home is not None else max(range(len(ids)), key=free.__getitem__)
         server = ids[i]
         self.home[request_id] = server
+        self.home.move_to_end(request_id)
+        if len(self.home) > self.max_homes:
+            self.home.popitem(last=False)
         self.inflight[request_id] = (server, need)
         self.reserved[server] += need
         return server, self.servers[server]

@@ -114,15 +114,14 @@ class Call:
     __slots__ = ("req", "slot", "pid", "pidfd", "feed", "start", "timed_out", "done")
 
     def __init__(self, req: dict | None, slot: Slot) -> None:
-        self.req, self.slot = req, slot  # req is None while the process is a waiting spare
-        self.pid, self.pidfd, self.feed, self.start, self.timed_out, self.done = (
-            0,
-            -1,
-            -1,
-            0.0,
-            False,
-            False,
-        )
+        self.req = req  # None while the process is a waiting spare
+        self.slot = slot
+        self.pid = 0
+        self.pidfd = -1  # readable when the process exits
+        self.feed = -1  # the pipe its code and stdin are written to (a spare's)
+        self.start = 0.0  # when its call started (monotonic)
+        self.timed_out = False
+        self.done = False
 
 
 def _read_capped(fd: int, cap: int) -> tuple[str, bool]:
@@ -135,7 +134,8 @@ def _read_capped(fd: int, cap: int) -> tuple[str, bool]:
 
 class Executor:
     def __init__(self, flavour: str, uid_start: int, fd: int) -> None:
-        self.fd, self.flavour = fd, flavour
+        self.fd = fd
+        self.flavour = flavour
         self.reader = FrameReader()
         self.cfg = self._first_frame()
         self.warnings = [w for w in os.environ.pop("RSTAR_SANDBOX_WARNINGS", "").split("\n") if w]
@@ -232,7 +232,8 @@ class Executor:
         started += self._fork_burst(todo[n_spare:])
         now = time.monotonic()
         for call, req in started:
-            call.req, call.start = req, now
+            call.req = req
+            call.start = now
             self.seq += 1
             heapq.heappush(self.deadlines, (now + req["timeout"], self.seq, call))
 

@@ -1,6 +1,7 @@
 """`rstar lineage`: the chain data -> base -> SFT -> RL stages -> evaluation of one model
-version, read from MLflow alone (the problems stage's datasets, model-version tags, the runs
-behind them, their dataset inputs with digests, and the evaluation runs that name the version)."""
+version, read from MLflow alone (the datasets the problems stage wrote, model-version tags, the
+runs behind them, the datasets they read and wrote with digests, and the evaluation runs that
+name the version)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rstar.tracking.mlflow_log import (
     EVAL_LABEL,
     EVALUATES,
     INPUT_MODEL,
+    OUTPUT,
     PIPELINE,
     STAGE,
     client,
@@ -118,7 +120,10 @@ def _held_out(run) -> dict | None:
 
 
 def _datasets(run) -> list[dict]:
-    return [
+    """What the run read (its dataset inputs) and wrote (its `OUTPUT` tags)."""
+    import json
+
+    read = [
         {
             "name": d.dataset.name,
             "digest": d.dataset.digest,
@@ -127,6 +132,17 @@ def _datasets(run) -> list[dict]:
         }
         for d in run.inputs.dataset_inputs
     ]
+    wrote = [
+        {
+            "name": key[len(OUTPUT) :],
+            "digest": json.loads(value)["digest"],
+            "source": json.dumps({"uri": json.loads(value)["uri"]}),
+            "context": "output",
+        }
+        for key, value in sorted(run.data.tags.items())
+        if key.startswith(OUTPUT)
+    ]
+    return read + wrote
 
 
 def format_lineage(lin: Lineage) -> str:

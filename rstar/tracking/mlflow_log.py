@@ -34,6 +34,12 @@ EXPERIMENT_NOTE = (
 EVAL_LABEL = (
     "rstar.eval_label"  # an evaluation's name: "eval" (the pipeline's own), "reeval-<time>"
 )
+# a dataset a stage wrote: tag `rstar.output.<name>` = {"uri", "digest"} (MLflow 3.17's run
+# outputs take logged models only; a dataset logged as an input, even with context "output",
+# reads in MLflow's UI as one the stage took)
+OUTPUT = "rstar.output."
+LOGGED_MODEL = "rstar.logged_model"  # a model version's logged model (its id)
+EVALUATED = "rstar.evaluated"  # a version's tag per evaluation of it, by the evaluation's label
 
 
 def absolute_uri(uri: str) -> str:
@@ -203,18 +209,28 @@ def reopen_run(tracking_uri: str, run_id: str, *, parent: str, tags: dict) -> bo
     return True
 
 
+def where(tracking_uri: str, run_id: str) -> str:
+    """Where a person finds run `run_id`: its page in the MLflow UI when the store is an MLflow
+    server (its UI is at the same address), else the store and the `mlflow ui` command."""
+    if tracking_uri.startswith(("http://", "https://")):
+        experiment = client(tracking_uri).get_run(run_id).info.experiment_id
+        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}"
+    return f"run {run_id} in {tracking_uri} (mlflow ui --backend-store-uri {tracking_uri})"
+
+
 def end_run(tracking_uri: str, run_id: str, status: str = "FINISHED") -> None:
     client(tracking_uri).set_terminated(run_id, status)
 
 
 @contextmanager
 def closing(tracking_uri: str, run_id: str):
-    """The body's work under the run `run_id`: it ends FINISHED when the body returns and
-    FAILED when it raises anything (an interrupt too), so no run is left RUNNING by an error."""
+    """The body's work under the run `run_id`: it ends FINISHED when the body returns, FAILED
+    when it raises an error and KILLED when it is stopped from outside (a cancel, Ctrl-C: an
+    exception that is no `Exception`), so no run is left RUNNING."""
     try:
         yield run_id
-    except BaseException:
-        end_run(tracking_uri, run_id, "FAILED")
+    except BaseException as e:
+        end_run(tracking_uri, run_id, "FAILED" if isinstance(e, Exception) else "KILLED")
         raise
     end_run(tracking_uri, run_id)
 
@@ -248,8 +264,7 @@ class StageLog:
         self.c.set_tag(self.run_id, key, str(value))
 
     def dataset(self, uri: str, name: str, digest: str | None, context: str) -> None:
-        """A dataset this stage read (`context` "training") or wrote ("output"), by URI and
-        digest."""
+        """A dataset this stage read (`context`: "training", "evaluation"), by URI and digest."""
         from mlflow.entities import Dataset, DatasetInput, InputTag
 
         source = json.dumps({"uri": uri})
@@ -262,6 +277,11 @@ class StageLog:
         self.c.log_inputs(
             self.run_id, [DatasetInput(ds, [InputTag("mlflow.data.context", context)])]
         )
+
+    def output(self, uri: str, name: str, digest: str) -> None:
+        """A dataset this stage wrote (the `OUTPUT` tag); the stage that reads it logs it as
+        its input under the same name."""
+        self.tag(OUTPUT + name, json.dumps({"uri": uri, "digest": digest}))
 
     def artifact(self, uri: str, artifact_path: str | None = None) -> None:
         from rstar.storage import filesystem, is_remote
@@ -306,12 +326,19 @@ class NullLog:
     def metrics(self, *a, **k) -> None: ...
     def tag(self, *a, **k) -> None: ...
     def dataset(self, *a, **k) -> None: ...
+    def output(self, *a, **k) -> None: ...
     def artifact(self, *a, **k) -> None: ...
     def curves(self, *a, **k) -> None: ...
 
 
 # the alias a pipeline run gives its final model once evaluated: what the nightly job evaluates
 LATEST_EVALUATED = "latest-evaluated"
+
+
+def tag_version(tracking_uri: str, version: str, key: str, value: str) -> None:
+    """Tag the model version `version` ("name/number")."""
+    name, number = version.rsplit("/", 1)
+    client(tracking_uri).set_model_version_tag(name, number, key, value)
 
 
 def set_alias(tracking_uri: str, version: str, alias: str) -> None:
@@ -348,5 +375,45 @@ def register(
     tags = {STAGE: stage, DIGEST: digest}
     if input_model:
         tags[INPUT_MODEL] = input_model
+    tags[LOGGED_MODEL] = _log_model(c, run_id, stage, source, digest)
     mv = c.create_model_version(model_name, source=source, run_id=run_id, tags=tags)
-    return f"{model_name}/{mv.version}"
+    version = f"{model_name}/{mv.version}"
+    c.set_logged_model_tags(tags[LOGGED_MODEL], {"rstar.model_version": version})
+    return version
+
+
+def _log_model(c, run_id: str, stage: str, source: str, digest: str) -> str:
+    """The stage's checkpoint as an MLflow logged model, the output of its run: its signature
+    (a problem in; the agent's response and answer out), where its files are, their digest.
+    The files stay where they are: MLflow 3.17's registry links a version to a logged model only
+    when the version's source is that model's own artifacts, which would copy every checkpoint
+    into the artifact store (28 GB for a 14B one) or make `models:/<name>/<version>` download a
+    stub; the version names it by the `LOGGED_MODEL` tag instead."""
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+    from mlflow.models import Model, ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    experiment = c.get_run(run_id).info.experiment_id
+    model = c.create_logged_model(
+        experiment,
+        name=stage,
+        source_run_id=run_id,
+        params={"stage": stage, "source": source, "digest": digest},
+        model_type="rstar-agent-checkpoint",
+    )
+    signature = ModelSignature(
+        inputs=Schema([ColSpec("string", "problem")]),
+        outputs=Schema([ColSpec("string", "response"), ColSpec("string", "answer")]),
+    )
+    with tempfile.TemporaryDirectory() as d:
+        Model(signature=signature, model_id=model.model_id).save(os.path.join(d, "MLmodel"))
+        with open(os.path.join(d, "README.md"), "w") as f:
+            f.write(
+                f"The {stage} checkpoint of an rstar pipeline run: a Hugging Face model directory "
+                f"at {source} (digest {digest}). It answers a math problem by reasoning and "
+                "calling a Python tool through rstar's agent loop (`rstar rollout`).\n"
+            )
+        c.log_model_artifacts(model.model_id, d)
+    c.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+    c.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
+    return model.model_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rstar.agent.sampling import Sampling
 from rstar.algo.roc import RoCConfig
 
 
@@ -38,9 +39,7 @@ class StageConfig:
     steps: int = 10
     prompts_per_step: int = 8
     roc: RoCConfig = field(default_factory=lambda: RoCConfig(group_size=4))
-    max_response_tokens: int = 256
-    max_turns: int = 4
-    temperature: float = 1.0
+    sampling: Sampling = field(default_factory=Sampling)  # how the stage's rollouts are sampled
     lr: float = 1e-5
     warmup_steps: int = 2
     weight_decay: float = 0.0

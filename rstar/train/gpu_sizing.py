@@ -11,13 +11,24 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 from dataclasses import dataclass
+from functools import lru_cache
 
 GB = 1e9
 RESERVE_GB = 6.0  # per GPU: CUDA context, NCCL buffers, allocator fragmentation
 ACTIVATION_RESERVE_GB = 2.0  # vLLM's own activations and sampler at its token budget
 MIN_ROLLOUTS_PER_REPLICA = 32  # full-length rollouts a replica's KV cache must hold at once
 BATCHED_TOKENS = 16_384  # vLLM's per-step token budget (chunked prefill)
+ATTENTION = (
+    "attention: PyTorch's (sdpa) without padding removal, on every device: verl's "
+    "flash_attention_2 and padding removal need flash-attn, which the GPU lock has no wheel "
+    "of; micro-batches are sized padded (below)"
+)
+# The rollout lengths micro-batches are sized for (an assumption, until a GPU run measures
+# them): TRUNCATED of the rollouts cut at the response budget, the others log-normal with median
+# MEDIAN x the budget (sigma 0.5), after a prompt of PROMPT x the prompt budget; SAMPLES batches.
+TRUNCATED, MEDIAN, PROMPT, SAMPLES = 0.15, 0.4, 0.25, 4
 
 
 @dataclass(frozen=True)
@@ -64,11 +75,16 @@ class GPUSettings:
     gpu_gb: float
     gpus: int
     sequence: int  # prompt + response tokens
-    train_state_gb: float  # per GPU, sharded over every GPU
+    per_node: int
+    fsdp_size: int  # GPUs the training state is sharded over: a node's (HSDP), more if it must
+    train_state_gb: float  # per GPU, sharded over a node's GPUs, off the GPU during rollouts
     memory_utilization: float  # vLLM's share of the GPU during rollouts
     tensor_parallel: int
     kv_tokens_per_replica: int
-    micro_batch_tokens: int  # ppo_max_token_len_per_gpu
+    micro_batch_tokens: int  # ppo_max_token_len_per_gpu: real tokens
+    padded_tokens: int  # the largest micro-batch verl makes of them, padded (rows x longest)
+    padded_shape: tuple[int, int]  # that micro-batch's (rows, longest row)
+    rows_per_gpu: int
     micro_batch_gb: float
     agent_workers: int
     checkpoint_gb: float
@@ -86,6 +102,11 @@ class GPUSettings:
             f"{rollout}.gpu_memory_utilization={self.memory_utilization}",
             f"{rollout}.max_num_batched_tokens={BATCHED_TOKENS}",
             f"{rollout}.agent.num_workers={self.agent_workers}",
+            # shard within a node, replicate across nodes (HSDP); the state on the CPU while
+            # vLLM rolls out
+            f"{actor}.fsdp_config.fsdp_size={self.fsdp_size}",
+            f"{actor}.fsdp_config.param_offload=true",
+            f"{actor}.fsdp_config.optimizer_offload=true",
             # entropy over the vocabulary in chunks: no second full fp32 logits tensor
             f"{actor}.entropy_from_logits_with_chunking=true",
             "actor_rollout_ref.model.enable_gradient_checkpointing=true",
@@ -95,21 +116,45 @@ class GPUSettings:
         s, gb = self.shape, self.gpu_gb
         weights = 2 * s.params / GB
         kv_gb = self.kv_tokens_per_replica * s.kv_bytes_per_token / GB
+        nodes = self.fsdp_size // self.per_node
+        if nodes <= 1:
+            network = (
+                f"network per micro-batch: the bf16 weights gathered ({weights:.1f} GB, forward "
+                "and backward) and the gradients reduce-scattered inside a node (NVLink); across "
+                f"nodes only each GPU's gradient shard is all-reduced (4 bytes x "
+                f"{s.params / 1e9:.1f}B / {self.fsdp_size} = "
+                f"{4 * s.params / self.fsdp_size / GB:.1f} GB)"
+            )
+        else:
+            network = (
+                f"network per micro-batch: the bf16 weights ({weights:.1f} GB, forward and "
+                f"backward) gathered and the gradients reduce-scattered over {nodes} nodes: "
+                "sharded over one node's GPUs, the state would leave no room for the padded "
+                "micro-batch below"
+            )
         return [
             f"model: {s.params / 1e9:.1f}B parameters, {s.layers} layers, {s.kv_heads} KV heads x "
             f"{s.head_dim}: {s.kv_bytes_per_token / 1024:.0f} KiB of KV cache per token (bf16)",
-            f"training state per GPU (fp32 weights, gradients, AdamW moments: 16 bytes a "
-            f"parameter, sharded over {self.gpus} GPUs): {self.train_state_gb:.1f} GB",
-            f"vLLM's share during rollouts: 1 - ({self.train_state_gb:.1f} + {RESERVE_GB:g} "
-            f"reserve) / {gb:g} GB = {self.memory_utilization}",
+            ATTENTION,
+            f"sharding: fsdp_size {self.fsdp_size}, the training state (fp32 weights, "
+            f"gradients, AdamW moments: 16 bytes a parameter) over {self.fsdp_size} GPUs, "
+            f"replicated {self.gpus // self.fsdp_size} times: {self.train_state_gb:.1f} GB per GPU",
+            network,
+            f"vLLM's share during rollouts: the training state offloaded to the CPU meanwhile, "
+            f"min(0.9, 1 - {RESERVE_GB:g} GB reserve / {gb:g} GB) = {self.memory_utilization}",
             f"tensor parallel {self.tensor_parallel}: bf16 weights "
             f"{weights / self.tensor_parallel:.1f} GB per GPU, KV cache {kv_gb:.0f} GB = "
             f"{self.kv_tokens_per_replica:,} tokens per replica = "
             f"{self.kv_tokens_per_replica // self.sequence} rollouts of {self.sequence:,} tokens "
             f"(the smallest degree holding {MIN_ROLLOUTS_PER_REPLICA}); {self.replicas} replicas",
-            f"training micro-batch: {self.micro_batch_tokens:,} tokens per GPU, about "
-            f"{self.micro_batch_gb:.0f} GB (checkpointed activations, bf16 logits and their fp32 "
-            f"log-softmax) beside the {self.train_state_gb:.1f} GB state",
+            f"training micro-batch: {self.micro_batch_tokens:,} real tokens per GPU (whole "
+            f"sequences); verl's partitioner packs {self.rows_per_gpu} rollouts a GPU into "
+            f"micro-batches within it and PyTorch's attention pads each row to the longest in "
+            f"its micro-batch: at most {self.padded_tokens:,} tokens over {SAMPLES} batches of "
+            f"assumed lengths ({TRUNCATED:.0%} cut at the budget, the rest log-normal, median "
+            f"{MEDIAN:.0%} of it), about {self.micro_batch_gb:.0f} GB (checkpointed "
+            f"activations, bf16 logits and their fp32 log-softmax) beside the "
+            f"{self.train_state_gb:.1f} GB state, back on the GPU while it trains",
             f"agent-loop workers: {self.agent_workers} (one per GPU)",
             f"checkpoint: {self.checkpoint_gb:.0f} GB (fp32 weights and AdamW's two moments)",
         ]
@@ -131,10 +176,94 @@ def micro_batch_gb(shape: ModelShape, tokens: int) -> float:
     return tokens * per_token / GB
 
 
-def size(shape: ModelShape, gpu_gb: float, gpus: int, sequence: int) -> GPUSettings:
-    """Settings for a stage of `sequence`-token rollouts on `gpus` GPUs of `gpu_gb` each."""
-    state = 16 * shape.params / gpus / GB
-    utilization = math.floor(100 * min(0.9, 1 - (state + RESERVE_GB) / gpu_gb)) / 100
+def rollout_lengths(prompt: int, response: int, rows: int, seed: int) -> tuple[int, ...]:
+    """A step's rollout lengths on one GPU as the sizing assumes them (TRUNCATED, MEDIAN,
+    PROMPT)."""
+    rng, median = random.Random(seed), math.log(MEDIAN * response)
+    return tuple(
+        int(PROMPT * prompt)
+        + (
+            response
+            if rng.random() < TRUNCATED
+            else min(response, int(rng.lognormvariate(median, 0.5)))
+        )
+        for _ in range(rows)
+    )
+
+
+@lru_cache(maxsize=256)
+def largest_micro_batch(lengths: tuple[int, ...], budget: int) -> tuple[int, int]:
+    """The micro-batch of most padded tokens that verl makes of `lengths` at `budget` real tokens
+    a micro-batch (its own partitioner), as its padded path runs it: (rows, longest row)."""
+    import torch
+    from tensordict import TensorDict
+    from verl.utils.seqlen_balancing import rearrange_micro_batches
+
+    ids = torch.nested.nested_tensor(
+        [torch.zeros(n, dtype=torch.long) for n in lengths], layout=torch.jagged
+    )
+    batch = TensorDict({"input_ids": ids}, batch_size=[len(lengths)])
+    _, parts = rearrange_micro_batches(batch, max_token_len=budget)
+    return max(((len(p), max(lengths[i] for i in p)) for p in parts), key=lambda rl: rl[0] * rl[1])
+
+
+def sharding(
+    shape: ModelShape, gpu_gb: float, gpus: int, per_node: int, padded: int
+) -> tuple[int, float, float]:
+    """(fsdp_size, the training state per GPU in GB, the room a micro-batch has beside it) for
+    micro-batches of `padded` tokens: the state sharded over a node's GPUs (HSDP), or over more
+    nodes where a node's share leaves the micro-batch no room. 20% of the room is left for what
+    the estimate does not count. Refused if sharding over every GPU is not enough."""
+    fsdp_size = min(gpus, per_node)
+    while True:
+        state = 16 * shape.params / fsdp_size / GB
+        room = 0.8 * (gpu_gb - state - RESERVE_GB)
+        if micro_batch_gb(shape, padded) <= room:
+            return fsdp_size, state, room
+        if fsdp_size >= gpus:
+            raise ValueError(
+                f"a padded micro-batch of {padded:,} tokens needs "
+                f"{micro_batch_gb(shape, padded):.0f} GB, more than the {room:.0f} GB a "
+                f"{gpu_gb:g} GB GPU leaves beside the state sharded over all {gpus} GPUs: more "
+                "GPUs, larger ones, or shorter sequences"
+            )
+        fsdp_size = min(gpus, 2 * fsdp_size)
+
+
+def size(
+    shape: ModelShape,
+    gpu_gb: float,
+    gpus: int,
+    prompt: int,
+    response: int,
+    rows: int,
+    per_node: int = 8,
+) -> GPUSettings:
+    """Settings for a stage of rollouts of `prompt` + `response` tokens on `gpus` GPUs of
+    `gpu_gb` each, `per_node` to a node, `rows` rollouts an update trains on. The training state
+    is sharded over a node's GPUs and replicated across nodes (HSDP): full sharding would move
+    the weights between nodes for every micro-batch (`lines` has the arithmetic). It is sharded
+    over more nodes only where a node's share leaves no room for the largest padded micro-batch
+    (PyTorch's attention pads every row to the longest in its micro-batch). A node's share is
+    larger than a 64th, so it goes to the CPU while vLLM rolls out (verl's parameter and optimizer
+    offload), and vLLM's share is what the reserve leaves."""
+    sequence = prompt + response
+    rows_per_gpu = max(1, rows // gpus)
+    batches = [rollout_lengths(prompt, response, rows_per_gpu, seed) for seed in range(SAMPLES)]
+
+    def shape_at(budget: int) -> tuple[int, int]:
+        return max(
+            (largest_micro_batch(lengths, budget) for lengths in batches),
+            key=lambda rl: rl[0] * rl[1],
+        )
+
+    def padded(budget: int) -> int:
+        return math.prod(shape_at(budget))
+
+    # verl's sleep mode (on by default on GPUs) takes vLLM's weights and KV cache off the GPU
+    # while the actor trains
+    fsdp_size, state, room = sharding(shape, gpu_gb, gpus, per_node, padded(sequence))
+    utilization = math.floor(100 * min(0.9, 1 - RESERVE_GB / gpu_gb)) / 100
     tp, kv_tokens = 1, 0
     while True:
         per_gpu = utilization * gpu_gb - 2 * shape.params / GB / tp - ACTIVATION_RESERVE_GB
@@ -142,23 +271,79 @@ def size(shape: ModelShape, gpu_gb: float, gpus: int, sequence: int) -> GPUSetti
         if kv_tokens >= MIN_ROLLOUTS_PER_REPLICA * sequence or tp >= min(8, gpus):
             break
         tp *= 2
-    # verl's sleep mode (on by default on GPUs) takes vLLM's weights and KV cache off the GPU
-    # while the actor trains; 20% of the rest is left for what the estimate does not count
-    room = 0.8 * (gpu_gb - state - RESERVE_GB)
-    tokens = sequence
-    while micro_batch_gb(shape, tokens + sequence) <= room:  # whole sequences, as many as fit
+    tokens = sequence  # whole sequences, as many as fit padded (a GPU's rows at most)
+    while (
+        tokens < rows_per_gpu * sequence
+        and micro_batch_gb(shape, padded(tokens + sequence)) <= room
+    ):
         tokens += sequence
     return GPUSettings(
         gpu_gb=gpu_gb,
         gpus=gpus,
         sequence=sequence,
+        per_node=per_node,
+        fsdp_size=fsdp_size,
         train_state_gb=state,
         memory_utilization=utilization,
         tensor_parallel=tp,
         kv_tokens_per_replica=kv_tokens,
         micro_batch_tokens=tokens,
-        micro_batch_gb=micro_batch_gb(shape, tokens),
+        padded_tokens=padded(tokens),
+        padded_shape=shape_at(tokens),
+        rows_per_gpu=rows_per_gpu,
+        micro_batch_gb=micro_batch_gb(shape, padded(tokens)),
         agent_workers=gpus,
         checkpoint_gb=12 * shape.params / GB,
         shape=shape,
+    )
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    """verl's SFT on GPUs: no vLLM beside it, the state stays on the GPU."""
+
+    gpus: int
+    fsdp_size: int
+    train_state_gb: float
+    micro_batch_tokens: int  # data.max_token_len_per_gpu: real tokens
+    padded_tokens: int  # at most: every row of a GPU's batch in one micro-batch at max_length
+    micro_batch_gb: float
+
+    def overrides(self) -> list[str]:
+        return [f"engine.fsdp_size={self.fsdp_size}"]
+
+    def lines(self) -> list[str]:
+        return [
+            ATTENTION,
+            f"sharding: fsdp_size {self.fsdp_size}, the training state (16 bytes a parameter) "
+            f"over {self.fsdp_size} GPUs, replicated {self.gpus // self.fsdp_size} times: "
+            f"{self.train_state_gb:.1f} GB per GPU, on it throughout",
+            f"training micro-batch: {self.micro_batch_tokens:,} real tokens per GPU, padded at "
+            f"most to {self.padded_tokens:,} (a GPU's rows of a batch, each at the longest "
+            f"chat's length), about {self.micro_batch_gb:.0f} GB",
+        ]
+
+
+def sft_micro_batch_tokens(max_length: int) -> int:
+    """verl's SFT micro-batch budget in real tokens (data.max_token_len_per_gpu): two
+    full-length chats, on every device."""
+    return 2 * max_length
+
+
+def size_sft(
+    shape: ModelShape, gpu_gb: float, gpus: int, max_length: int, rows: int, per_node: int = 8
+) -> SFTSettings:
+    """Settings for verl's SFT of chats of at most `max_length` tokens, `rows` chats a step, on
+    `gpus` GPUs: micro-batches of two full-length chats in real tokens (verl balances them), and
+    padded at most to a GPU's rows of a step at `max_length` each, whatever the lengths."""
+    tokens = sft_micro_batch_tokens(max_length)
+    padded = max(1, rows // gpus) * max_length
+    fsdp_size, state, _ = sharding(shape, gpu_gb, gpus, per_node, padded)
+    return SFTSettings(
+        gpus=gpus,
+        fsdp_size=fsdp_size,
+        train_state_gb=state,
+        micro_batch_tokens=tokens,
+        padded_tokens=padded,
+        micro_batch_gb=micro_batch_gb(shape, padded),
     )

@@ -10,6 +10,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 
@@ -64,6 +65,15 @@ def _micro_batches(rows: list[int], seqs: list[list[int]], size: int) -> list[li
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
+@contextmanager
+def _timed(seconds: dict[str, float], phase: str):
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        seconds[phase] = time.monotonic() - start
+
+
 def optimizer_and_schedule(model, cfg: StageConfig):
     """AdamW, and a learning rate that warms up linearly from 1/warmup_steps, then stays
     constant."""
@@ -106,12 +116,7 @@ async def train_from(
 
 def loop_config(cfg: StageConfig) -> LoopConfig:
     """The agent loop's settings of an RL stage: what its rollouts are sampled with."""
-    return LoopConfig(
-        max_turns=cfg.max_turns,
-        max_response_tokens=cfg.max_response_tokens,
-        temperature=cfg.temperature,
-        prompt_style=cfg.prompt_style,
-    )
+    return LoopConfig(cfg.sampling, cfg.prompt_style)
 
 
 def step_prompts(problems: list[dict], cfg: StageConfig, step: int) -> list[dict]:
@@ -122,6 +127,12 @@ def step_prompts(problems: list[dict], cfg: StageConfig, step: int) -> list[dict
 
 
 class RLTrainer:
+    """GRPO-RoC on one machine, step by step: sample 2G rollouts per prompt through the agent
+    loop (the policy serves them in this process), score them, keep G by Resample-on-Correct,
+    compute group advantages over the kept, and update the policy with the clipped token-level
+    loss in mini-batches of whole groups. Every step writes its rollouts, reports its metrics and
+    replaces the checkpoint, so a killed stage resumes at its last step (`try_resume`)."""
+
     def __init__(
         self,
         model,
@@ -140,13 +151,14 @@ class RLTrainer:
         is called before the step's checkpoint too, so every checkpointed step has reported its
         metrics (a step redone after a crash reports the same figures again);
         `on_checkpoint(step)` after it (e.g. to upload it)."""
-        self.model, self.tok, self.problems, self.sandbox = model, tokenizer, problems, sandbox
-        self.cfg, self.out_dir, self.on_step, self.trajectories = (
-            cfg,
-            out_dir,
-            on_step,
-            trajectories,
-        )
+        self.model = model
+        self.tok = tokenizer
+        self.problems = problems
+        self.sandbox = sandbox
+        self.cfg = cfg
+        self.out_dir = out_dir
+        self.on_step = on_step
+        self.trajectories = trajectories
         self.on_checkpoint = on_checkpoint
         self.opt, self.sched = optimizer_and_schedule(model, cfg)
         self.step = 0
@@ -201,13 +213,15 @@ class RLTrainer:
             self.opt.load_state_dict(state["optimizer"])
             self.sched.load_state_dict(state["scheduler"])
             torch.set_rng_state(state["torch_rng"])
-            self.step, self.history = state["step"], state["history"]
+            self.step = state["step"]
+            self.history = state["history"]
             return "resumed"
-        # carry the moments over; the new stage's lr schedule starts afresh
+        # carry the moments over; the new stage's lr schedule starts afresh: its first update at
+        # warm-up step 0's rate (loading restores the previous stage's last rate otherwise)
         if state is not None and not self.cfg.reset_optimizer:
             moments = state["optimizer"]
-            for group in moments["param_groups"]:
-                group.update(lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+            for group, lr in zip(moments["param_groups"], self.sched.get_last_lr()):
+                group.update(lr=lr, initial_lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
             self.opt.load_state_dict(moments)
         return "initialised"
 
@@ -237,36 +251,34 @@ class RLTrainer:
 
     async def train_step(self, loop: AgentLoop, scorer: BatchScorer) -> tuple[dict, list[dict]]:
         cfg = self.cfg
-        t0 = time.monotonic()
+        seconds: dict[str, float] = {}  # per phase: time_<phase>_s
         k = cfg.roc.group_size * cfg.roc.oversample
         self.model.eval()
-        sampled = await sample(
-            loop,
-            step_prompts(self.problems, cfg, self.step),
-            k,
-            stage=cfg.name,
-            policy_step=self.step,
-        )
-        t_rollout = time.monotonic() - t0
-        records = await score(loop, sampled, scorer, stage=cfg.name, policy_step=self.step)
-        t_reward = time.monotonic() - t0 - t_rollout
+        with _timed(seconds, "rollout"):
+            sampled = await sample(
+                loop,
+                step_prompts(self.problems, cfg, self.step),
+                k,
+                stage=cfg.name,
+                policy_step=self.step,
+            )
+        with _timed(seconds, "reward"):
+            records = await score(loop, sampled, scorer, stage=cfg.name, policy_step=self.step)
         rng = random.Random(f"{cfg.seed}/{cfg.name}/{self.step}/roc")
         kept = [records[i] for i in keep_indices([rollout_of(r) for r in records], cfg.roc, rng)]
-        t1 = time.monotonic()
-        update = (
-            self.update(kept) if kept else {"clip_fraction": 0.0, "loss": 0.0, "grad_norm": 0.0}
-        )
-        t_update = time.monotonic() - t1
+        with _timed(seconds, "update"):
+            update = (
+                self.update(kept) if kept else {"clip_fraction": 0.0, "loss": 0.0, "grad_norm": 0.0}
+            )
+        tokens = sum(sum(r["response_mask"]) for r in records)
         return {
             "step": self.step,
             **summarize_step(records, kept),
             **update,
             "lr": self.sched.get_last_lr()[0],
-            "time_rollout_s": t_rollout,
-            "time_reward_s": t_reward,
-            "time_update_s": t_update,
+            **{f"time_{phase}_s": s for phase, s in seconds.items()},
             "time_tool_s": sum(r["tool_s"] for r in records),
-            "tokens_per_s": sum(sum(r["response_mask"]) for r in records) / max(t_rollout, 1e-9),
+            "tokens_per_s": tokens / max(seconds["rollout"], 1e-9),
         }, records
 
     def update(self, kept: list[dict]) -> dict:
@@ -293,11 +305,12 @@ class RLTrainer:
                         [seqs[j] for j in idx],
                         [starts[j] for j in idx],
                         width,
-                        cfg.temperature,
+                        cfg.sampling.temperature,
                     )
         self.model.train()
         all_tokens = max(int(mask.sum().item()), 1)
-        losses, clip, grad_norms = [], 0.0, []
+        losses, grad_norms = [], []
+        clip = 0.0
         for rows in _mini_batches([r["group_id"] for r in kept], cfg.mini_batches):
             n_tokens = int(mask[rows].sum().item())
             losses.append(0.0)
@@ -307,7 +320,7 @@ class RLTrainer:
                     [seqs[j] for j in idx],
                     [starts[j] for j in idx],
                     width,
-                    cfg.temperature,
+                    cfg.sampling.temperature,
                 )
                 loss, m = policy_loss(
                     new.detach() if old is None else old[idx],

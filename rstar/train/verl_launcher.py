@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 
 from rstar.agent.format import problem_messages
 from rstar.data.io import read_table
@@ -46,6 +47,11 @@ def to_verl_rows(problems: list[dict], prompt_style: str = "paper") -> list[dict
         }
         for i, p in enumerate(problems)
     ]
+
+
+def _hydra_dict(values: dict) -> str:
+    """A flat dict as a Hydra override's value: {key:value,...}."""
+    return "{" + ",".join(f"{k}:{v}" for k, v in values.items()) + "}"
 
 
 def verl_overrides(
@@ -87,7 +93,9 @@ def verl_overrides(
     )
     # micro-batches by tokens: on GPUs sized to memory, else two whole sequences
     tokens_per_gpu = (
-        gpu.micro_batch_tokens if gpu else 2 * (max_prompt_length + cfg.max_response_tokens)
+        gpu.micro_batch_tokens
+        if gpu
+        else 2 * (max_prompt_length + cfg.sampling.max_response_tokens)
     )
     return [
         "trainer.use_v1=false",
@@ -98,7 +106,7 @@ def verl_overrides(
         f"data.val_files={val_files or train_files}",
         f"data.train_batch_size={cfg.prompts_per_step}",
         f"data.max_prompt_length={max_prompt_length}",
-        f"data.max_response_length={cfg.max_response_tokens}",
+        f"data.max_response_length={cfg.sampling.max_response_tokens}",
         "data.return_raw_chat=true",
         f"actor_rollout_ref.model.path={model}",
         f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
@@ -118,16 +126,17 @@ def verl_overrides(
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.mode=async",
         f"actor_rollout_ref.rollout.n={cfg.roc.group_size * cfg.roc.oversample}",
-        f"actor_rollout_ref.rollout.temperature={cfg.temperature}",
+        f"actor_rollout_ref.rollout.temperature={cfg.sampling.temperature}",
+        f"actor_rollout_ref.rollout.top_p={cfg.sampling.top_p}",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
-        f"actor_rollout_ref.rollout.response_length={cfg.max_response_tokens}",
+        f"actor_rollout_ref.rollout.response_length={cfg.sampling.max_response_tokens}",
         f"actor_rollout_ref.rollout.prompt_length={max_prompt_length}",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=rstar_agent",
         f"reward.custom_reward_function.path={os.path.abspath(reward_file)}",
         "reward.custom_reward_function.name=compute_score",
         f"+rstar.sandbox_url={sandbox_url}",
-        f"+rstar.max_turns={cfg.max_turns}",
+        f"+rstar.sampling={_hydra_dict(asdict(cfg.sampling))}",
         f"+rstar.roc_mode={cfg.roc.mode}",
         f"+rstar.group_size={cfg.roc.group_size}",
         f"+rstar.seed={cfg.seed}",
@@ -268,6 +277,7 @@ def build_verl_run(
     they leave it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+    import yaml
 
     os.makedirs(out_dir, exist_ok=True)
 
@@ -291,12 +301,17 @@ def build_verl_run(
         kv_cache_tokens = kv_cache_tokens or settings.kv_tokens_per_replica
     agent_cfg = os.path.join(out_dir, "agent_loops.yaml")
     with open(agent_cfg, "w") as f:
-        f.write("- name: rstar_agent\n  _target_: rstar.agent.verl_adapter.RStarAgentLoop\n")
+        yaml.safe_dump(
+            [{"name": "rstar_agent", "_target_": "rstar.agent.verl_adapter.RStarAgentLoop"}], f
+        )
     router = os.path.join(out_dir, "router.yaml")
     with open(router, "w") as f:
-        f.write(
-            "router_class: rstar.rollout.verl_router.KVBalancedRouter\nkv_cache_tokens: "
-            f"{kv_cache_tokens or 'null'}\n"
+        yaml.safe_dump(
+            {
+                "router_class": "rstar.rollout.verl_router.KVBalancedRouter",
+                "kv_cache_tokens": kv_cache_tokens,
+            },
+            f,
         )
     return verl_command(
         cfg,

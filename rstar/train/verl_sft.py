@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 from rstar.data.io import read_table
 from rstar.train.config import SFTConfig
+from rstar.train.gpu_sizing import SFTSettings, sft_micro_batch_tokens
 from rstar.train.sft import encode_example
 from rstar.train.verl_launcher import FP32
 
@@ -71,10 +72,12 @@ def sft_overrides(
     nodes: int = 1,
     experiment: str = "rstar",
     device: str = "gpu",
+    gpu: SFTSettings | None = None,
 ) -> list[str]:
     """Hydra overrides of verl's `sft_trainer_engine` config that reproduce `cfg`: the same
     batch (examples per optimizer step), epochs, cosine schedule with warm-up, clipping and
-    weight decay as the local SFT; micro-batches sized by tokens (two full-length chats per GPU)."""
+    weight decay as the local SFT; micro-batches sized by tokens (two full-length chats per GPU).
+    `gpu`: the sharding sized for the GPUs (rstar.train.gpu_sizing.size_sft)."""
     if cfg.replay_rows:
         raise ValueError(
             "sft.train.replay_rows (pretraining text replayed during SFT) is the embedded "
@@ -86,7 +89,7 @@ def sft_overrides(
         f"data.train_batch_size={cfg.batch_size}",
         "data.pad_mode=no_padding",
         "data.use_dynamic_bsz=true",
-        f"data.max_token_len_per_gpu={2 * cfg.max_length}",
+        f"data.max_token_len_per_gpu={sft_micro_batch_tokens(cfg.max_length)}",
         f"data.micro_batch_size_per_gpu={cfg.micro_batch_size}",
         f"data.max_length={cfg.max_length}",
         f"data.custom_cls.path=pkg://{ENTRY}",
@@ -109,6 +112,11 @@ def sft_overrides(
         "trainer.logger=[console,mlflow]",
         f"trainer.project_name={experiment}",
         "trainer.experiment_name=sft",
+        # PyTorch's own attention, padded, on every device as in the RL stages: verl's default
+        # is flash-attn (and removing the padding needs it), which the GPU lock does not have,
+        # so the model would fail to build on the first GPU stage
+        "model.use_remove_padding=false",
+        "+model.override_config.attn_implementation=sdpa",
     ]
     # verl on this machine's CPU (rstar.train.verl_cpu): float32, no fused kernels
     if device == "cpu":
@@ -117,11 +125,9 @@ def sft_overrides(
             "engine.dtype=float32",
             f"+engine.mixed_precision={FP32}",
             "engine.use_torch_compile=false",
-            "model.use_remove_padding=false",
             "model.enable_gradient_checkpointing=false",
-            "+model.override_config.attn_implementation=sdpa",
         ]
-    return overrides
+    return overrides + (gpu.overrides() if gpu else [])
 
 
 def sft_command(cfg: SFTConfig, **kwargs) -> list[str]:

@@ -15,6 +15,7 @@ from rstar.agent.format import (
     tool_turn,
 )
 from rstar.agent.loop import AgentLoop, Generation, LoopConfig
+from rstar.agent.sampling import Sampling
 
 
 class ScriptedEngine:
@@ -179,7 +180,7 @@ async def test_multi_turn_record_and_mask(any_tokenizer, agent_sandbox):
 async def test_finish_reasons(tokenizer, agent_sandbox):
     async def run(turns, **cfg):
         return await AgentLoop(
-            ScriptedEngine(tokenizer, turns), tokenizer, agent_sandbox, LoopConfig(**cfg)
+            ScriptedEngine(tokenizer, turns), tokenizer, agent_sandbox, LoopConfig(Sampling(**cfg))
         ).run("p", "r")
 
     assert (await run(["I just talk."])).finish_reason == "no_tool_call"
@@ -254,7 +255,7 @@ async def test_the_runner_scores_a_truncated_rollout_zero_even_with_the_right_an
                 ScriptedEngine(tokenizer, [turn]),
                 tokenizer,
                 sandbox=None,
-                cfg=LoopConfig(max_response_tokens=budget),
+                cfg=LoopConfig(Sampling(max_response_tokens=budget)),
             )
             (record,) = await rollout(loop, [problem], 1, scorer=scorer)
             assert answer in loop.tok.decode(record["response_ids"])

@@ -31,6 +31,7 @@ async def run_in_verl(tokenizer, server, rstar: dict, response_length=200, **sam
     from rstar.agent.verl_adapter import RStarAgentLoop
 
     rollout = {"response_length": response_length, "prompt_length": 600}
+    rstar = {"prompt_style": "paper", **rstar}
     config = OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}, "rstar": rstar})
     loop = RStarAgentLoop(
         trainer_config=verl_agent.DictConfigWrap(config),
@@ -74,7 +75,7 @@ async def test_rstar_agent_loop_in_verl(tokenizer, sandbox_url):
         ],
     )
     out = await run_in_verl(
-        tokenizer, server, {"sandbox_url": sandbox_url, "max_turns": 4}, top_p=1.0
+        tokenizer, server, {"sandbox_url": sandbox_url, "sampling": {"max_turns": 4}}, top_p=1.0
     )
     assert isinstance(out, verl_agent.AgentLoopOutput)
     assert out.reward_score == 1.0  # scored in the loop: verl takes it as rm_scores
@@ -124,7 +125,7 @@ async def test_a_call_the_sandbox_never_ran_is_counted_apart_from_code_errors(to
     out = await run_in_verl(
         tokenizer,
         server,
-        {"sandbox_url": "http://127.0.0.1:9", "max_turns": 4, "tool_timeout_s": 1.0},
+        {"sandbox_url": "http://127.0.0.1:9", "sampling": {"max_turns": 4, "tool_timeout_s": 1.0}},
     )
     assert (
         out.extra_fields["rstar_num_tool_errors"] == 1
@@ -146,7 +147,10 @@ async def test_a_truncated_rollout_scores_zero_even_with_the_right_answer_in_it(
     budget = len(tokenizer.encode(answer, add_special_tokens=False)) + 5
     server = FakeServerManager(tokenizer, [answer + " and then some more words" * 20])
     out = await run_in_verl(
-        tokenizer, server, {"sandbox_url": sandbox_url, "max_turns": 4}, response_length=budget
+        tokenizer,
+        server,
+        {"sandbox_url": sandbox_url, "sampling": {"max_turns": 4}},
+        response_length=budget,
     )
     text = tokenizer.decode(out.response_ids)
     assert answer in text and len(out.response_ids) == budget  # right, and cut

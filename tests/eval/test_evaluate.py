@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from rstar.agent.sampling import Sampling
 from rstar.data import synth
 from rstar.eval.benchmarks import load_benchmark
 from rstar.eval.config import EvalConfig
@@ -70,6 +71,7 @@ async def test_evaluate_the_tiny_model(tiny_dir, tokenizer, agent_sandbox, tmp_p
     from rstar.agent.loop import AgentLoop, LoopConfig
     from rstar.rollout.hf_engine import HFEngine
 
+    sampling = Sampling(temperature=0.6, max_response_tokens=24, max_turns=2)
     gpqa = tmp_path / "gpqa.jsonl"
     gpqa.write_text(
         json.dumps(
@@ -90,11 +92,9 @@ async def test_evaluate_the_tiny_model(tiny_dir, tokenizer, agent_sandbox, tmp_p
         engine,
         tokenizer,
         agent_sandbox,
-        LoopConfig(max_response_tokens=24, max_turns=2, temperature=0.6),
+        LoopConfig(sampling),
     )
-    records, summary = await evaluate(
-        loop, problems, EvalConfig(k=3, max_response_tokens=24, max_turns=2)
-    )
+    records, summary = await evaluate(loop, problems, EvalConfig(k=3, sampling=sampling))
     await engine.close()
     assert len(records) == 3 * 3
     assert set(summary) == {
@@ -171,7 +171,7 @@ def test_the_same_checkpoint_evaluated_twice_gives_the_same_figures(tiny_dir):
     from rstar.eval.run import evaluate_model
 
     problems = synth.generate(4, seed=5, levels=(1,), prefix="eval")
-    cfg = EvalConfig(k=2, temperature=1.0, max_response_tokens=32, max_turns=2)
+    cfg = EvalConfig(k=2, sampling=Sampling(temperature=1.0, max_response_tokens=32, max_turns=2))
     (first, s1), (again, s2) = (
         evaluate_model(tiny_dir, problems, cfg, name=n) for n in ("rl3", "rstar-tiny/5")
     )
@@ -204,7 +204,11 @@ def test_a_model_whose_files_changed_since_registration_is_refused(tiny_dir, tmp
 
     recipe = load_recipe(
         "configs/tiny.yaml",
-        {"storage_root": str(tmp_path / "root"), "eval.k": 1, "eval.max_response_tokens": 8},
+        {
+            "storage_root": str(tmp_path / "root"),
+            "eval.k": 1,
+            "eval.sampling.max_response_tokens": 8,
+        },
     )
     held_out = write_table(
         synth.generate(1, seed=8, levels=(1,)), str(tmp_path / "held.parquet"), "problems"
@@ -262,7 +266,7 @@ def test_the_base_evaluated_beside_the_recipe_keeps_the_verdict_on_the_trained(t
         {
             "storage_root": str(tmp_path / "root"),
             "eval.k": 1,
-            "eval.max_response_tokens": 8,
+            "eval.sampling.max_response_tokens": 8,
             "eval.include_base": True,
         },
     )
@@ -296,7 +300,11 @@ def test_a_resumed_evaluation_keeps_the_checkpoints_it_finished(tiny_dir, tmp_pa
 
     recipe = load_recipe(
         "configs/tiny.yaml",
-        {"storage_root": str(tmp_path / "root"), "eval.k": 2, "eval.max_response_tokens": 8},
+        {
+            "storage_root": str(tmp_path / "root"),
+            "eval.k": 2,
+            "eval.sampling.max_response_tokens": 8,
+        },
     )
     held_out = write_table(
         synth.generate(3, seed=8, levels=(1,)), str(tmp_path / "held.parquet"), "problems"

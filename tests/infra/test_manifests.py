@@ -142,3 +142,27 @@ def test_every_ray_pod_keeps_stage_files_on_the_shared_volume():
         # model mirrors, verl's files and checkpoints (rstar.storage.dirs.local_dir) and the hub
         # cache
         assert env["RSTAR_CACHE"].startswith(mount + "/") and env["HF_HOME"].startswith(mount + "/")
+
+
+# the node type the 14B recipe's workers are sized for (raycluster.yaml): 8 x 80 GB GPUs,
+# 96 vCPU, 1,152 GiB; what a node keeps for the kubelet, the system and DaemonSets
+NODE = {"cpu": 96, "memory_gi": 1152, "gpus": 8}
+NODE_RESERVE = {"cpu": 4, "memory_gi": 64}
+
+
+def test_a_gpu_worker_pod_fits_the_node_it_is_sized_for():
+    """Requests equal limits (a Guaranteed pod) and leave the node its reserve: a pod of 96 CPUs
+    and 1,600 GiB could not be scheduled on the 96 vCPU / 1,152 GiB nodes the recipe names."""
+    (cluster,) = docs("raycluster.yaml")
+    (worker,) = cluster["spec"]["workerGroupSpecs"]
+    resources = worker["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"]
+    limits = resources["limits"]
+    assert float(limits["cpu"]) <= NODE["cpu"] - NODE_RESERVE["cpu"]
+    assert int(limits["memory"].removesuffix("Gi")) <= NODE["memory_gi"] - NODE_RESERVE["memory_gi"]
+    assert limits["nvidia.com/gpu"] == NODE["gpus"]
+    # the shared-memory volume lives inside the pod's memory
+    shm = next(v for v in worker["template"]["spec"]["volumes"] if v["name"] == "shm")
+    assert int(shm["emptyDir"]["sizeLimit"].removesuffix("Gi")) < int(
+        limits["memory"].removesuffix("Gi")
+    )

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from rstar.peers import code_judge
+from rstar.bench.peers import code_judge
 
 
 def test_the_code_judge_api_client_measures_this_projects_service():

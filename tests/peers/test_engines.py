@@ -1,6 +1,6 @@
 """`rstar bench-engines`'s summary: the figures the engine decision rests on."""
 
-from rstar.peers.engines import summarize
+from rstar.bench.peers.engines import summarize
 
 
 def _step(seconds, tokens, turns=4, rollouts=4, correct=1):

@@ -5,7 +5,7 @@ import pytest
 
 from rstar.agent.format import IM_END, STYLES, TOOL_NAME, saved_style, tool_turn
 from rstar.agent.loop import AgentLoop, LoopConfig
-from rstar.peers.trl_grpo import train_trl, trl_chat_template
+from rstar.bench.peers.trl_grpo import train_trl, trl_chat_template
 
 
 @pytest.fixture
@@ -82,6 +82,7 @@ def test_trl_renders_the_agent_loops_prompt_tool_call_and_tool_turn(tokenizer, t
 def test_trl_trains_with_the_sandbox_as_its_tool(tiny_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
+    from rstar.agent.sampling import Sampling
     from rstar.algo.roc import RoCConfig
     from rstar.data import synth
     from rstar.train.config import StageConfig
@@ -91,9 +92,7 @@ def test_trl_trains_with_the_sandbox_as_its_tool(tiny_dir, tmp_path):
         steps=2,
         prompts_per_step=2,
         roc=RoCConfig(group_size=2),
-        max_response_tokens=16,
-        max_turns=2,
-        temperature=1.0,
+        sampling=Sampling(max_response_tokens=16, max_turns=2, temperature=1.0),
         lr=1e-4,
         prompt_style="compact",
     )

@@ -8,6 +8,12 @@ base with its manifest, `shipped_sft`), and the problems are ones it solves abou
 resume that lost them, or AdamW's moments, shows in what follows."""
 
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 
 import pytest
 import yaml
@@ -29,13 +35,13 @@ SMALL = {
     "rl.2.steps": 1,
     **{f"rl.{i}.prompts_per_step": 2 for i in range(3)},
     **{f"rl.{i}.roc.group_size": 2 for i in range(3)},
-    **{f"rl.{i}.max_response_tokens": 96 for i in range(3)},
+    **{f"rl.{i}.sampling.max_response_tokens": 96 for i in range(3)},
     **{f"rl.{i}.lr": 1.0e-4 for i in range(3)},
     "mine.k": 2,
     "mine.problems": 4,
-    "mine.max_response_tokens": 96,
+    "mine.sampling.max_response_tokens": 96,
     "eval.k": 1,
-    "eval.max_response_tokens": 96,
+    "eval.sampling.max_response_tokens": 96,
     "retries.count": 2,
     "retries.delay_s": 0,
 }
@@ -128,3 +134,80 @@ def finished_local(prefect_api, shipped_sft, tmp_path_factory):
     path = write_recipe(str(d), "local", str(d / "root"), shipped_sft)
     state = pipeline(path, return_state=True)
     return path, state, state.result()
+
+
+# -- services as a user runs them: a Prefect server and `rstar serve` ---------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(url: str, proc: subprocess.Popen, what: str, timeout_s: float = 180) -> None:
+    """Until `url` answers 200; an error naming `what` if its process ends or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: {url} did not answer within {timeout_s:.0f} s")
+        time.sleep(1)
+
+
+@pytest.fixture
+def services(tmp_path):
+    """Start processes in their own sessions (`<name>.log` in tmp_path); stop exactly those at
+    the end."""
+    started: list[subprocess.Popen] = []
+
+    def start(args: list[str], env: dict, name: str) -> subprocess.Popen:
+        with open(tmp_path / f"{name}.log", "w") as log:  # the child keeps its own copy
+            proc = subprocess.Popen(
+                args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in started:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def prefect_services(services, recipe: str, name: str, home) -> tuple[int, dict]:
+    """A Prefect server on a free loopback port and `rstar serve --config recipe --name name`
+    registered with it, Prefect's home under `home`: (port, the environment to talk to them)."""
+    bin_dir = os.path.dirname(sys.executable)
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": api,
+        "PREFECT_UI_API_URL": api,  # what the UI's pages call (its default is port 4200)
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    server = services(
+        [f"{bin_dir}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env,
+        "prefect-server",
+    )
+    wait_for(f"{api}/health", server, "prefect server")
+    serve = services(
+        [sys.executable, "-m", "flows.cli", "serve", "--config", recipe, "--name", name],
+        env,
+        "rstar-serve",
+    )
+    wait_for(f"{api}/deployments/name/rstar-pipeline/{name}", serve, "rstar serve")
+    return port, env

@@ -1,13 +1,13 @@
 """The recipe benchmark's arithmetic and its ablation plot."""
 
-from rstar.eval.metrics import overall_accuracy
-from rstar.pipeline.bench import (
+from rstar.bench.recipe import (
     ablation_table,
     end_window,
     per_step,
     plot_ablation,
     pooled_error_rate,
 )
+from rstar.eval.metrics import overall_accuracy
 
 
 def _step(step, calls, errors, accuracy=0.5, kept_calls=0, kept_errors=0):
@@ -87,7 +87,7 @@ def _bench(avg, se, calls=1.0, errors=0.0, samples=60, length=200):
 
 
 def test_the_real_model_section_reports_gains_with_their_intervals(tmp_path):
-    from rstar.pipeline.bench import write_real_model_benchmark
+    from rstar.bench.recipe import write_real_model_benchmark
     from rstar.pipeline.records import Evaluation, StageOutput
 
     summaries = {
@@ -95,9 +95,19 @@ def test_the_real_model_section_reports_gains_with_their_intervals(tmp_path):
         "sft": {"gsm": _bench(0.05, 0.03, errors=0.5), "champ": _bench(0.01, 0.01, errors=0.5)},
         "rl1": {"gsm": _bench(0.30, 0.06, errors=0.25), "champ": _bench(0.02, 0.02, calls=2.0)},
     }
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # rl1's rollouts over its two steps (its last step's metrics alone would say 1.000)
+    steps = tmp_path / "trajectories"
+    steps.mkdir()
+    for step, rows in enumerate([[(1.0, 2, 0, 100), (0.0, 1, 1, 200)], [(1.0, 1, 0, 150)]], 1):
+        keys = ["reward", "num_tool_calls", "num_tool_errors", "response_len"]
+        table = pa.Table.from_pylist([dict(zip(keys, r)) for r in rows])
+        pq.write_table(table, steps / f"step={step:05d}.parquet")
     outs = {
         "sft": StageOutput("sft"),
-        "rl1": StageOutput("rl1", {"accuracy": 0.4, "tool_error_rate": 0.2}),
+        "rl1": StageOutput("rl1", {"accuracy": 1.0}, trajectories=str(steps)),
         "evaluate": StageOutput(
             "evaluate", evaluation=Evaluation(summaries, "", True, ["ok: rl1 held-out ..."])
         ),
@@ -113,5 +123,5 @@ def test_the_real_model_section_reports_gains_with_their_intervals(tmp_path):
     assert "| rl1 | 0.020 (0.000-0.059) | 0.300 (0.182-0.418) | 1.50 | 0.083 | 200 |" in text
     assert "- gsm, over base: +0.280 (+0.156 to +0.404; excludes zero)" in text
     assert "- champ, over sft: +0.010 (-0.034 to +0.054; includes zero)" in text
-    assert "| rl1 | 0.400 | 0.200 |" in text and "- ok: rl1 held-out ..." in text
+    assert "| rl1 | 3 | 0.667 | 0.250 | 150 |" in text and "- ok: rl1 held-out ..." in text
     assert (tmp_path / "b.md").read_text().count("## Real model: smollm2") == 1

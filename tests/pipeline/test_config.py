@@ -14,7 +14,7 @@ def test_tiny_recipe_loads_with_the_trainers_dataclasses():
     recipe = load_recipe(TINY)
     assert [s.name for s in recipe.rl] == ["rl1", "rl2", "rl3"]
     # the paper's 8K/12K/12K, scaled
-    assert [s.max_response_tokens for s in recipe.rl] == [256, 384, 384]
+    assert [s.sampling.max_response_tokens for s in recipe.rl] == [256, 384, 384]
     assert recipe.rl[2].reset_optimizer and not recipe.rl[0].reset_optimizer
     assert recipe.mine.after == "rl2"
 
@@ -101,7 +101,7 @@ def test_a_new_code_version_changes_every_cache_key(monkeypatch):
 def test_the_paper_recipe_validates_and_its_inputs_are_checked(s3):
     recipe = load_recipe("configs/qwen3-14b.yaml", check_inputs=False)
     assert recipe.engine == "verl" and recipe.base.path == "Qwen/Qwen3-14B-Base"
-    assert [(s.max_response_tokens, s.steps, s.max_turns) for s in recipe.rl] == [
+    assert [(s.sampling.max_response_tokens, s.steps, s.sampling.max_turns) for s in recipe.rl] == [
         (8192, 300, 10),
         (12288, 85, 10),
         (12288, 125, 15),
@@ -196,6 +196,22 @@ def test_an_unknown_key_suggests_the_key_it_resembles():
         load_recipe("configs/tiny.yaml", {"sft.train.epocs": 3})
     with pytest.raises(ConfigError, match=r"zzz: unknown key$"):
         load_recipe("configs/tiny.yaml", {"zzz": 1})
+
+
+def test_a_sampling_setting_outside_its_block_says_where_it_belongs():
+    """Each use (an RL stage, mining, evaluation) has one sampling block; a setting beside it
+    (where recipes before 0.18 had them) names the key it belongs under."""
+    for key, where in [
+        ("rl.0.max_turns", r"rl\.0\.sampling\.max_turns"),
+        ("mine.temperature", r"mine\.sampling\.temperature"),
+        ("eval.max_response_tokens", r"eval\.sampling\.max_response_tokens"),
+    ]:
+        with pytest.raises(
+            ConfigError, match=rf"unknown key \(it belongs under sampling: {where}\)"
+        ):
+            load_recipe("configs/tiny.yaml", {key: 3})
+    recipe = load_recipe("configs/tiny.yaml", {"mine.sampling.top_p": 0.9})
+    assert recipe.mine.sampling.top_p == 0.9 and recipe.mine.sampling.max_turns == 4
 
 
 def test_switching_the_engine_changes_the_cache_key_of_every_stage_it_runs():

@@ -46,3 +46,23 @@ def test_a_piped_run_has_no_colour_codes(prefect_api):
     assert out.returncode == 0, text[-3000:]
     assert "from a ray worker" in text and "from the flow" in text
     assert "\x1b[" not in text, [line for line in text.splitlines() if "\x1b[" in line][:3]
+
+
+def test_a_stage_summary_links_the_mlflow_ui_of_a_tracking_server(monkeypatch):
+    """On an MLflow server the stage's artifact links the run's page (the UI is at the server's
+    address); on a file store it names the store and the command that shows it."""
+    from types import SimpleNamespace
+
+    from rstar.pipeline.records import StageOutput
+    from rstar.tracking import mlflow_log as ml
+    from tasks.summary import summary_markdown
+
+    run = SimpleNamespace(info=SimpleNamespace(experiment_id="7"))
+    monkeypatch.setattr(ml, "client", lambda uri: SimpleNamespace(get_run=lambda run_id: run))
+    out = StageOutput("rl1", {"accuracy": 0.5})
+    served = summary_markdown(out, {"MLflow": ml.where("http://mlflow:5000/", "abc")})
+    page = "http://mlflow:5000/#/experiments/7/runs/abc"
+    assert f"- MLflow: [{page}]({page})" in served
+    store = "sqlite:////x/m.db"
+    local = summary_markdown(out, {"MLflow": ml.where(store, "abc")})
+    assert f"`run abc in {store} (mlflow ui --backend-store-uri {store})`" in local

@@ -2,6 +2,7 @@
 S3 (moto on loopback), caching of a finished pipeline, a stage killed mid-way, and a whole
 pipeline killed mid-way."""
 
+import json
 import os
 import signal
 import threading
@@ -13,8 +14,8 @@ import pytest
 from rstar.data.io import read_table
 from rstar.data.schema import schema
 from rstar.eval.metrics import overall_accuracy
-from rstar.pipeline.bench import pipeline_report
 from rstar.pipeline.config import load_recipe
+from rstar.pipeline.report import pipeline_report
 from rstar.storage import filesystem
 from rstar.tracking import mlflow_log as ml
 from rstar.tracking.digest import digest
@@ -178,10 +179,17 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     assert set(children["base"].data.metrics) >= {"copy_repeat"}  # copying probes
     assert set(children["sft"].data.metrics) >= {"copy_repeat", "copy_into_call", "copy_read_back"}
     assert 0 <= outs["sft"].metrics["copy_read_back"] <= 1
-    problems_inputs = {
-        d.dataset.name: d.dataset.digest for d in children["problems"].inputs.dataset_inputs
-    }
-    assert problems_inputs["train_problems"] == outs["problems"].datasets["train"].digest != "-"
+    # what a stage wrote is tagged as its output, not logged as a dataset it read; what it
+    # counted is a metric
+    wrote = json.loads(children["problems"].data.tags["rstar.output.train_problems"])
+    assert wrote["digest"] == outs["problems"].datasets["train"].digest != "-"
+    assert not children["problems"].inputs.dataset_inputs
+    kept = outs["problems"].metrics["train_problems"]
+    assert children["problems"].data.metrics["train_problems"] == kept
+    mined = json.loads(children["mine"].data.tags["rstar.output.hard_problems"])
+    assert mined["digest"] == outs["mine"].datasets["hard_problems"].digest
+    assert not children["mine"].inputs.dataset_inputs
+    assert children["mine"].data.metrics["kept"] == outs["mine"].metrics["kept"]
 
     from rstar.agent.format import saved_style
 
@@ -203,14 +211,33 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     assert [link.version for link in lin.chain] == [
         outs[s].model.version for s in ["base", "sft", "rl1", "rl2", "rl3"]
     ]
+    # each version names its logged model: the output of the stage's run, with a signature,
+    # pointing at the version's files
+    name, number = outs["rl3"].model.version.rsplit("/", 1)
+    logged = c.get_logged_model(c.get_model_version(name, number).tags[ml.LOGGED_MODEL])
+    assert logged.source_run_id == children["rl3"].info.run_id
+    assert logged.params["source"] == lin.chain[-1].source
+    assert logged.tags["rstar.model_version"] == outs["rl3"].model.version
+    # and the evaluation that scored it
+    scored = c.get_model_version(name, number).tags[f"{ml.EVALUATED}.eval"]
+    rl3_accuracy = outs["evaluate"].evaluation.accuracy()["rl3"]
+    assert scored.startswith(f"held-out accuracy {rl3_accuracy:.3f} as rl3, run ")
+    assert [o.model_id for o in children["rl3"].outputs.model_outputs] == [logged.model_id]
+    from mlflow.models import Model
+
+    signature = Model.load(f"{logged.artifact_location}/MLmodel").signature
+    assert signature.inputs.input_names() == ["problem"]
     rl3_data = {d["name"]: d["digest"] for d in lin.chain[-1].datasets}
-    # stage 3 trained on the mined set
-    assert rl3_data["rl_problems"] == outs["mine"].datasets["hard_problems"].digest
+    # stage 3 trained on the mined set, stages 1-2 on the training set, each by its own name
+    assert rl3_data["hard_problems"] == outs["mine"].datasets["hard_problems"].digest
+    assert rl3_data["rl3_trajectories"] != "-"
+    rl1_data = {d["name"]: d["context"] for d in lin.chain[2].datasets}
+    assert rl1_data == {"train_problems": "training", "rl1_trajectories": "output"}
     assert lin.chain[1].datasets[0]["name"] == "sft_chats"
     assert [e["run_id"] for e in lin.evaluations] == [outs["evaluate"].mlflow_run_id]
     (ev,) = lin.evaluations  # the pipeline's own, with its settings and held-out set
     assert ev["label"] == "eval" and ev["settings"]["k"] == str(recipe.eval.k)
-    assert ev["settings"]["temperature"] == str(recipe.eval.temperature)
+    assert ev["settings"]["sampling.temperature"] == str(recipe.eval.sampling.temperature)
     assert ev["data"] == [f"eval_problems digest {outs['problems'].datasets['eval'].digest}"]
     _check_trajectories(recipe, outs)
     report = outs["evaluate"].report
@@ -585,6 +612,11 @@ def test_a_reevaluation_takes_the_settings_and_held_out_set_a_version_was_evalua
     assert recorded["data"] == pipeline_eval["data"]
     assert recorded["label"].startswith("reeval-")
     assert own["settings"]["k"] == "2" and own["data"] != pipeline_eval["data"]
+    # each evaluation is on the version itself too, by its label
+    name, number = version.rsplit("/", 1)
+    tags = ml.client(raw["tracking"]["tracking_uri"]).get_model_version(name, number).tags
+    labels = {e["label"] for e in (pipeline_eval, recorded, own)}
+    assert {f"{ml.EVALUATED}.{label}" for label in labels} <= set(tags)
 
 
 def test_lineage_command_prints_the_chain(finished_local):

@@ -8,16 +8,10 @@ then it opens the MLflow UI on the store the run wrote and finds the headline on
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 
-import pytest
-
-from tests.pipeline.conftest import write_recipe
+from tests.pipeline.conftest import free_port, prefect_services, wait_for, write_recipe
 
 # as root, in a container, with no network beyond loopback: no sandbox, no GPU, no background
 # connections (they would be refused, many at a time)
@@ -32,53 +26,6 @@ CHROMIUM_ARGS = [
 ]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(url: str, proc: subprocess.Popen, what: str, timeout_s: float = 180) -> None:
-    """Until `url` answers 200; an error naming `what` if its process ends or time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} before {url} answered")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: {url} did not answer within {timeout_s:.0f} s")
-        time.sleep(1)
-
-
-@pytest.fixture
-def services(tmp_path):
-    """Start processes in their own sessions; stop exactly those at the end."""
-    started: list[subprocess.Popen] = []
-
-    def start(args: list[str], env: dict, name: str) -> subprocess.Popen:
-        with open(tmp_path / f"{name}.log", "w") as log:  # the child keeps its own copy
-            proc = subprocess.Popen(
-                args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in started:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
 def test_a_run_from_the_prefect_form_and_its_headline_in_mlflow(shipped_sft, services, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
@@ -88,28 +35,8 @@ def test_a_run_from_the_prefect_form_and_its_headline_in_mlflow(shipped_sft, ser
     recipe = write_recipe(str(tmp_path), "ui", str(tmp_path / "root"), shipped_sft)
     store = f"sqlite:///{tmp_path}/mlflow.db"
 
-    port = _port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(tmp_path / "prefect"),
-        "PREFECT_API_URL": api,
-        "PREFECT_UI_API_URL": api,  # what the UI's pages call (its default is port 4200)
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    }
-    server = services(
-        [f"{bin_dir}/prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env,
-        "prefect-server",
-    )
-    _wait_for(f"{api}/health", server, "prefect server")
-    serve = services(
-        [sys.executable, "-m", "flows.cli", "serve", "--config", recipe, "--name", "ui"],
-        env,
-        "rstar-serve",
-    )
-    _wait_for(f"{api}/deployments/name/rstar-pipeline/ui", serve, "rstar serve")
-
+    port, env = prefect_services(services, recipe, "ui", tmp_path / "prefect")
+    api = env["PREFECT_API_URL"]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -149,7 +76,7 @@ def test_a_run_from_the_prefect_form_and_its_headline_in_mlflow(shipped_sft, ser
         (parent,) = c.search_runs(
             [experiment.experiment_id], filter_string=f"tags.`{ml.PIPELINE}` = 'root'"
         )
-        mport = _port()
+        mport = free_port()
         mlflow = services(
             [
                 f"{bin_dir}/mlflow",
@@ -166,7 +93,7 @@ def test_a_run_from_the_prefect_form_and_its_headline_in_mlflow(shipped_sft, ser
             env,
             "mlflow-server",
         )
-        _wait_for(f"http://127.0.0.1:{mport}/health", mlflow, "mlflow server")
+        wait_for(f"http://127.0.0.1:{mport}/health", mlflow, "mlflow server")
         try:
             page.goto(
                 f"http://127.0.0.1:{mport}/#/experiments/{experiment.experiment_id}/runs/"

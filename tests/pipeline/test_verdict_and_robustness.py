@@ -2,14 +2,14 @@
 
 import pytest
 
-from rstar.pipeline.config import load_recipe, seed_overrides
-from rstar.pipeline.robustness import (
+from rstar.bench.robustness import (
     Variant,
     meets,
     native_capability,
     table,
     variants,
 )
+from rstar.pipeline.config import load_recipe, seed_overrides
 from rstar.pipeline.verdict import Expect, verdict
 
 

@@ -6,6 +6,8 @@ import os
 import pytest
 import ray
 
+from rstar.agent.sampling import Sampling
+
 
 @pytest.fixture(scope="module")
 def local_ray():
@@ -48,7 +50,7 @@ def test_evaluation_through_engine_replicas_behind_the_balanced_scheduler(local_
     records, summary = evaluate_model(
         tiny_dir,
         problems,
-        EvalConfig(k=2, max_response_tokens=16, max_turns=1),
+        EvalConfig(k=2, sampling=Sampling(max_response_tokens=16, max_turns=1)),
         replicas=2,
         kind="hf",
     )
@@ -64,8 +66,6 @@ def test_evaluation_on_vllm_replicas(local_ray, tiny_dir):
     from rstar.eval.run import evaluate_model
 
     problems = synth.generate(4, seed=2, levels=(1,))
-    records, _ = evaluate_model(
-        tiny_dir, problems, EvalConfig(k=2, max_response_tokens=64, max_turns=2), replicas=2,
-        kind="vllm",
-    )  # fmt: skip
+    cfg = EvalConfig(k=2, sampling=Sampling(max_response_tokens=64, max_turns=2))
+    records, _ = evaluate_model(tiny_dir, problems, cfg, replicas=2, kind="vllm")
     assert len(records) == 8 and all(r["response_len"] > 0 for r in records)

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from rstar.agent.loop import Generation
+from rstar.agent.sampling import Sampling
+from rstar.bench.simulate import ReplicaModel, Workload, lower_bound, simulate
 from rstar.rollout.scheduler import (
     BalancedScheduler,
     ReplicaLost,
     StaticScheduler,
     plan_dispatch,
 )
-from rstar.rollout.simulate import ReplicaModel, Workload, lower_bound, simulate
 
 
 class FakeReplica:
@@ -172,7 +173,7 @@ async def test_agent_loop_over_two_real_replicas(tiny_dir, tokenizer, agent_sand
     ]
     sched = BalancedScheduler(engines, 4096)
     loop = AgentLoop(
-        sched, tokenizer, agent_sandbox, LoopConfig(max_response_tokens=48, max_turns=2)
+        sched, tokenizer, agent_sandbox, LoopConfig(Sampling(max_response_tokens=48, max_turns=2))
     )
     trajs = await loop.run_many([(f"p{i}", f"What is {i} + {i}?") for i in range(6)])
     assert all(len(t.response_ids) <= 48 and t.finish_reason for t in trajs)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rstar.agent.loop import AgentLoop, Generation, LoopConfig
+from rstar.agent.sampling import Sampling
 from rstar.reward.score import BatchScorer
 from rstar.rollout import scheduler as scheduler_mod
 from rstar.rollout.runner import as_finished, read_parts, rollout_parts, sample
@@ -27,14 +28,14 @@ async def test_an_event_looks_at_the_rollouts_in_progress_never_the_whole_queue(
     """Counted in requests examined, not seconds: the old scheduler re-read its whole queue at
     every event (quadratic: 336K requests of mining took hours of bookkeeping)."""
     examined = 0
-    rollout_of = scheduler_mod.rollout_of
+    rollout_id_of = scheduler_mod.rollout_id_of
 
     def counting(request_id):
         nonlocal examined
         examined += 1
-        return rollout_of(request_id)
+        return rollout_id_of(request_id)
 
-    monkeypatch.setattr(scheduler_mod, "rollout_of", counting)
+    monkeypatch.setattr(scheduler_mod, "rollout_id_of", counting)
     sched = BalancedScheduler([Instant() for _ in range(4)], 10 * 100)  # 10 running per replica
     await asyncio.gather(
         *(sched.generate(f"r{i}/1", [1] * 36, {"max_tokens": 64}) for i in range(queued))
@@ -113,7 +114,7 @@ async def test_mining_parts_resume_after_a_crash_and_match_an_uninterrupted_run(
     engine, tokenizer, agent_sandbox, tmp_path
 ):
     problems = product_problems(10, seed=5)
-    cfg = LoopConfig(max_response_tokens=24, max_turns=2, temperature=1.0)
+    cfg = LoopConfig(Sampling(max_response_tokens=24, max_turns=2, temperature=1.0))
     steady = AgentLoop(engine, tokenizer, agent_sandbox, cfg)
     with BatchScorer() as scorer:
         whole = await sample(steady, problems, 2, stage="mine")
@@ -140,7 +141,7 @@ async def test_mining_parts_resume_after_a_crash_and_match_an_uninterrupted_run(
 
 async def test_a_finished_rollout_leaves_nothing_in_the_scheduler(tokenizer, agent_sandbox):
     sched = BalancedScheduler([Instant(), Instant()], 4096)
-    loop = AgentLoop(sched, tokenizer, agent_sandbox, LoopConfig(max_response_tokens=8))
+    loop = AgentLoop(sched, tokenizer, agent_sandbox, LoopConfig(Sampling(max_response_tokens=8)))
     await loop.run_many([(f"p{i}", "What is 2 + 2?") for i in range(20)])
     assert sum(sched.served) >= 20 and not sched.home
 

@@ -48,3 +48,22 @@ def test_servers_come_and_go_and_the_sticky_cache_clears():
     assert acquire(router, "r1", 10, 10) == "b"  # its home is gone: placed afresh
     assert router.get_all_servers() == ["b"]
     assert router.clear_sticky_cache()["cleared_entries"] == 1
+
+
+def test_the_homes_stay_bounded_over_many_steps_and_a_live_rollout_keeps_its_home():
+    """verl never says a rollout ended: the map keeps the `max_homes` rollouts seen last, its size
+    flat however many steps run, and one that keeps coming back is not the one dropped."""
+    router = KVBalancedRouter({"a": "A", "b": "B"}, {"kv_cache_tokens": 10_000, "max_homes": 64})
+    live = acquire(router, "live", 10, 10)
+    router.release_server(live, request_id="live")
+    sizes = []
+    for step in range(50):
+        for i in range(40):  # a step's rollouts, one turn each
+            rid = f"s{step}-{i}"
+            router.release_server(acquire(router, rid, 10, 10), request_id=rid)
+        # the live rollout's next turn, holding its place among the recent
+        router.release_server(acquire(router, "live", 10, 10), request_id="live")
+        sizes.append(len(router.home))
+    assert max(sizes) == 64 and sizes[-1] == 64
+    assert router.home["live"] == live
+    assert "s0-0" not in router.home

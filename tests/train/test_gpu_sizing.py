@@ -9,7 +9,15 @@ from typer.testing import CliRunner
 from flows.cli import app
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.plan import check_verl
-from rstar.train.gpu_sizing import KNOWN, RESERVE_GB, ModelShape, micro_batch_gb, size
+from rstar.train.gpu_sizing import (
+    KNOWN,
+    RESERVE_GB,
+    ModelShape,
+    largest_micro_batch,
+    micro_batch_gb,
+    size,
+    size_sft,
+)
 
 QWEN = KNOWN["Qwen/Qwen3-14B-Base"]
 
@@ -25,24 +33,58 @@ def test_a_models_shape_counts_its_parameters(tiny_dir):
     assert QWEN.kv_bytes_per_token == 2 * 40 * 8 * 128 * 2
 
 
-@pytest.mark.parametrize("sequence", [2048 + 8192, 2048 + 12288])
-def test_14b_settings_fit_an_80_gb_gpu(sequence):
-    s = size(QWEN, 80, 64, sequence)
-    # the state sharded over 64 GPUs, and vLLM's share leaves room for it beside the reserve
-    assert s.train_state_gb == pytest.approx(16 * 14.77e9 / 64 / 1e9)
-    assert (1 - s.memory_utilization) * 80 >= s.train_state_gb + RESERVE_GB
+def test_padding_is_counted_as_verls_partitioner_packs_the_rows():
+    # one micro-batch of all four rows, padded to the longest; or, at a 10-token budget, the
+    # long row alone and the short ones together
+    assert largest_micro_batch((10, 2, 2, 2), 16) == (4, 10)
+    assert largest_micro_batch((10, 2, 2, 2), 10) == (1, 10)
+
+
+ROWS = 512 * 16 // 64  # the 14B recipe's rollouts per update, per GPU
+
+
+@pytest.mark.parametrize("response", [8192, 12288])
+def test_14b_settings_fit_an_80_gb_gpu_padded(response):
+    sequence = 2048 + response
+    s = size(QWEN, 80, 64, 2048, response, ROWS * 64, per_node=8)
+    # vLLM's share leaves the reserve; the state is on the CPU while vLLM rolls out
+    assert (1 - s.memory_utilization) * 80 >= RESERVE_GB
+    assert s.train_state_gb == pytest.approx(16 * 14.77e9 / s.fsdp_size / 1e9)
     # each replica holds at least 32 full-length rollouts; one degree less would not
     assert s.kv_tokens_per_replica >= 32 * sequence
     smaller = s.tensor_parallel // 2
     kv_smaller = (s.memory_utilization * 80 - 2 * QWEN.params / 1e9 / smaller - 2) * smaller
     assert kv_smaller * 1e9 / QWEN.kv_bytes_per_token < 32 * sequence
-    # whole sequences per micro-batch, within the memory verl's sleep mode leaves the actor
+    # whole sequences of real tokens per micro-batch; the padded micro-batch (more tokens than
+    # the budget) fits beside the state, within the memory verl's sleep mode leaves the actor
     assert s.micro_batch_tokens % sequence == 0
-    assert s.micro_batch_gb + s.train_state_gb + RESERVE_GB <= 80
-    # the 12K stages' old setting (two sequences) would not have fit
-    if sequence == 2048 + 12288:
-        assert micro_batch_gb(QWEN, 2 * sequence) > 0.8 * (80 - s.train_state_gb - RESERVE_GB)
+    assert s.padded_tokens > s.micro_batch_tokens
+    assert s.micro_batch_gb == pytest.approx(micro_batch_gb(QWEN, s.padded_tokens))
+    assert s.micro_batch_gb <= 0.8 * (80 - s.train_state_gb - RESERVE_GB)
+    # a node's GPUs hold the 8K stage's state (HSDP); at 12K a node's share would leave no room
+    # for the padded micro-batch, so the state is sharded over two nodes
+    if response == 8192:
+        assert s.fsdp_size == 8
+    else:
+        assert s.fsdp_size == 16
+        node_state = 16 * QWEN.params / 8 / 1e9
+        assert s.micro_batch_gb > 0.8 * (80 - node_state - RESERVE_GB)
     assert s.checkpoint_gb == pytest.approx(177, abs=1)
+
+
+def test_14b_sft_fits_padded_with_the_state_on_the_gpu():
+    # the recipe's 128 chats a step over 64 GPUs: two a GPU, padded at most to two full-length
+    s = size_sft(QWEN, 80, 64, 8192, 128, per_node=8)
+    assert (s.micro_batch_tokens, s.padded_tokens) == (16384, 16384)
+    assert s.fsdp_size == 8 and s.train_state_gb == pytest.approx(16 * 14.77e9 / 8 / 1e9)
+    assert s.micro_batch_gb <= 0.8 * (80 - s.train_state_gb - RESERVE_GB)
+    # three chats a GPU may pad to 24K (one long, two short): the state over four nodes
+    assert size_sft(QWEN, 80, 64, 8192, 3 * 64, per_node=8).fsdp_size == 32
+
+
+def test_a_stage_that_cannot_fit_says_so():
+    with pytest.raises(ValueError, match="padded micro-batch of .* more than"):
+        size(QWEN, 40, 8, 2048, 30_000, 8 * 16, per_node=8)
 
 
 def test_the_14b_plan_runs_the_sized_settings_and_prints_their_derivation():
@@ -53,10 +95,14 @@ def test_the_14b_plan_runs_the_sized_settings_and_prints_their_derivation():
     out = json.loads(result.stdout)
     recipe = load_recipe("configs/qwen3-14b.yaml", check_inputs=False)
     assert "data.max_prompt_length: 2048 here" in out["placeholders"]
+    (sft,) = [s for s in out["stages"] if s["name"] == "sft"]
+    assert "engine.fsdp_size=8" in sft["command"]
+    assert any(line.startswith("sharding: fsdp_size 8,") for line in sft["gpu_settings"])
     for stage in [s for s in out["stages"] if s["name"] in ("rl1", "rl2", "rl3")]:
         cfg = check_verl(stage["command"][3:])
         rl = next(r for r in recipe.rl if r.name == stage["name"])
-        want = size(QWEN, 80, 64, 2048 + rl.max_response_tokens)
+        rows = rl.prompts_per_step * rl.roc.group_size // rl.mini_batches
+        want = size(QWEN, 80, 64, 2048, rl.sampling.max_response_tokens, rows, per_node=8)
         rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
         assert rollout.tensor_model_parallel_size == want.tensor_parallel
         assert rollout.gpu_memory_utilization == want.memory_utilization
@@ -65,7 +111,32 @@ def test_the_14b_plan_runs_the_sized_settings_and_prints_their_derivation():
         assert actor.entropy_from_logits_with_chunking
         # FSDP2, as CI trains, and attention that needs no flash-attn
         assert actor.strategy == "fsdp2" and cfg.actor_rollout_ref.ref.strategy == "fsdp2"
+        # sharded within a node or two, replicated across the rest; offloaded during rollouts
+        assert actor.fsdp_config.fsdp_size == want.fsdp_size
+        assert actor.fsdp_config.param_offload and actor.fsdp_config.optimizer_offload
         assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
         lines = stage["gpu_settings"]
+        assert any(line.startswith("attention: PyTorch's (sdpa)") for line in lines)
+        assert any(line.startswith(f"sharding: fsdp_size {want.fsdp_size},") for line in lines)
         assert any(f"tensor parallel {want.tensor_parallel}:" in line for line in lines)
         assert any(line.startswith("checkpoints: ") and "TB written" in line for line in lines)
+
+
+def test_the_gpu_probe_measures_the_plans_micro_batches(tmp_path):
+    """The probe for a lent GPU (rstar.bench.gpu_probe) runs without verl, so it keeps the
+    plan's micro-batch shapes and Qwen3-14B's config itself: both must be the plan's."""
+    from rstar.bench import gpu_probe
+
+    (tmp_path / "config.json").write_text(json.dumps(gpu_probe.QWEN3_14B))
+    assert ModelShape.of(str(tmp_path)).params == pytest.approx(QWEN.params, rel=0.01)
+    for case, response in zip(gpu_probe.CASES, (8192, 12288)):
+        s = size(QWEN, 80, 64, 2048, response, ROWS * 64, per_node=8)
+        assert (case.budget, (case.rows, case.longest), case.fsdp_size) == (
+            s.micro_batch_tokens,
+            s.padded_shape,
+            s.fsdp_size,
+        )
+    # a small shape runs the whole path here (no memory figures without a GPU)
+    text = gpu_probe.main(["--small"])
+    assert "| small | sdpa | 3 x 64 padded |" in text
+    assert "| small | sdpa | 1 x 192 packed |" in text

@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rstar.agent.format import IM_END, STYLES, render
+from rstar.agent.sampling import Sampling
 from rstar.algo.roc import RoCConfig
 from rstar.data import sft as sft_data
 from rstar.train.config import SFTConfig, StageConfig
@@ -64,9 +65,7 @@ async def test_sft_then_rollouts_with_tool_calls_then_one_rl_update(
         steps=1,
         prompts_per_step=2,
         roc=RoCConfig(group_size=2),
-        max_response_tokens=160,
-        max_turns=2,
-        temperature=1.0,
+        sampling=Sampling(max_response_tokens=160, max_turns=2, temperature=1.0),
         lr=1e-5,
         warmup_steps=0,
         micro_batch_size=8,

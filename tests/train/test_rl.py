@@ -3,10 +3,12 @@ metrics, checkpoints, and resume giving the same result as an uninterrupted run.
 
 import json
 import os
+from dataclasses import replace
 
 import pytest
 import torch
 
+from rstar.agent.sampling import Sampling
 from rstar.algo.roc import RoCConfig
 from rstar.data import synth
 from rstar.train.config import StageConfig
@@ -19,8 +21,7 @@ def cfg(steps):
         steps=steps,
         prompts_per_step=2,
         roc=RoCConfig(group_size=2),
-        max_response_tokens=24,
-        max_turns=2,
+        sampling=Sampling(max_response_tokens=24, max_turns=2),
         lr=1e-3,
         warmup_steps=1,
         seed=7,
@@ -35,9 +36,7 @@ def scoring_cfg(steps):
         steps=steps,
         prompts_per_step=4,
         roc=RoCConfig(group_size=2),
-        max_response_tokens=96,
-        max_turns=3,
-        temperature=0.8,
+        sampling=Sampling(max_response_tokens=96, max_turns=3, temperature=0.8),
         lr=1e-4,
         warmup_steps=5,
         seed=7,
@@ -165,6 +164,7 @@ async def test_next_stage_starts_from_the_previous_one(tiny_sft, agent_sandbox, 
     for reset in (False, True):
         c = scoring_cfg(1)
         c.name, c.init_from, c.reset_optimizer = "rl2", prev, reset
+        c.warmup_steps = 4
         model = AutoModelForCausalLM.from_pretrained(tiny_sft, dtype=torch.float32)
         trainer = RLTrainer(model, tok, problems, agent_sandbox, c, str(tmp_path / f"s2-{reset}"))
         assert trainer.try_resume() == "initialised"
@@ -178,6 +178,8 @@ async def test_next_stage_starts_from_the_previous_one(tiny_sft, agent_sandbox, 
             for a, b in zip(first.opt.state.values(), carried):
                 assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["step"], b["step"])
         assert trainer.step == 0 and trainer.sched.last_epoch == 0
+        # its first update at warm-up step 0's rate, carried moments or not
+        assert [g["lr"] for g in trainer.opt.param_groups] == [c.lr / 4]
 
 
 async def test_the_update_scores_tokens_under_the_sampling_temperature(tiny_dir):
@@ -288,7 +290,7 @@ def test_an_update_raises_rewarded_tokens_lowers_the_rest_and_never_trains_tool_
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     c = cfg(1)
-    c.lr, c.temperature = 1e-4, 1.0
+    c.lr, c.sampling = 1e-4, replace(c.sampling, temperature=1.0)
     trainer = RLTrainer(model, tokenizer, [], None, c, "unused")
     prompt = [5, 9, 14, 3]
     rows = [

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from rstar.agent.sampling import Sampling
 from rstar.algo.roc import RoCConfig
 from rstar.data import synth
 from rstar.data.io import write_table
@@ -18,8 +19,7 @@ STAGE = StageConfig(
     steps=300,
     prompts_per_step=512,
     roc=RoCConfig(group_size=16),
-    max_response_tokens=8192,
-    max_turns=10,
+    sampling=Sampling(max_response_tokens=8192, max_turns=10),
     lr=1e-6,
     warmup_steps=20,
     mini_batches=4,
@@ -69,7 +69,13 @@ def test_overrides_compose_and_pass_verls_own_validation(tmp_path):
     assert rollout.agent.default_agent_loop == "rstar_agent"
     assert cfg.data.train_batch_size == 512 and cfg.trainer.nnodes == 8
     assert actor.ppo_mini_batch_size == 128  # 4 optimizer steps per rollout batch
-    assert cfg.rstar.sandbox_url == "http://sandbox:8080" and cfg.rstar.max_turns == 10
+    assert cfg.rstar.sandbox_url == "http://sandbox:8080"
+    # the stage's sampling block reaches the agent loop as it is; verl samples by it too
+    assert Sampling(**cfg.rstar.sampling) == STAGE.sampling
+    assert (rollout.temperature, rollout.top_p) == (
+        STAGE.sampling.temperature,
+        STAGE.sampling.top_p,
+    )
     # validation on the held-out set once, at the end; checkpoints as the recipe says, capped
     assert cfg.data.val_files == "/data/eval.parquet" and cfg.trainer.val_before_train is False
     assert cfg.trainer.test_freq == STAGE.steps

@@ -7,7 +7,8 @@ rstar.train.verl_cpu, rstar.rollout.vllm_cpu) in CI; on a GPU (marked `gpu`, run
 scripts/gpu-check.sh).
 
 The SFT model is the shipped tiny base after the tiny recipe's own SFT (the session's
-`tiny_sft`); the problems are the recipe's own (recipe_problems)."""
+`tiny_sft`); the problems are ones it solves about half the time (`product_problems`), so
+every step has reward to learn from on any CPU."""
 
 import os
 import re
@@ -16,22 +17,15 @@ import time
 
 import pytest
 
+from rstar.agent.sampling import Sampling
 from rstar.algo.roc import RoCConfig
 from rstar.train.config import StageConfig
+from tests.conftest import product_problems
 
 PROMPTS, G, STEPS = 8, 2, 2
 LR, LR_METRIC = 5e-5, "actor/lr"  # verl logs the rate of the step it ran
 RESPONSE = 128  # tokens per rollout
 RANKS = 2  # training processes on the CPU: sharded checkpoints, as on many GPUs
-
-
-def recipe_problems(n: int) -> list[dict]:
-    """The tiny recipe's own kind of problem (big_product, power_mod; level 1). Its SFT model
-    solves about 1 in 10 at these limits here, so 64 rollouts all failing is about a 1-in-500
-    event; the RL stages start from there."""
-    from rstar.data import synth
-
-    return synth.generate(n, seed=7, levels=(1,), families=["big_product", "power_mod"])
 
 
 def metrics_by_step(log: str) -> dict[int, dict[str, float]]:
@@ -68,17 +62,17 @@ def run_verl(
     from rstar.sandbox.process import SandboxProcess
     from rstar.train.verl_launcher import build_verl_run, verl_env
 
-    problems = write_table(
-        recipe_problems(PROMPTS * steps), str(tmp_path / "problems.parquet"), "problems"
-    )
+    rows = [
+        {**p, "source": "product_problems", "metadata": "{}"}
+        for p in product_problems(PROMPTS * steps)
+    ]
+    problems = write_table(rows, str(tmp_path / "problems.parquet"), "problems")
     stage = StageConfig(
         name=name,
         steps=steps,
         prompts_per_step=PROMPTS,
         roc=RoCConfig(group_size=G),
-        max_response_tokens=RESPONSE,
-        max_turns=2,
-        temperature=0.8,
+        sampling=Sampling(max_response_tokens=RESPONSE, max_turns=2, temperature=0.8),
         lr=LR,
         warmup_steps=warmup_steps,
         prompt_style="compact",
@@ -217,7 +211,9 @@ def one_gpu(model: str):
     from rstar.train.gpu_sizing import ModelShape, size
 
     memory_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
-    return lambda prompt_tokens: size(ModelShape.of(model), memory_gb, 1, prompt_tokens + RESPONSE)
+    return lambda prompt_tokens: size(
+        ModelShape.of(model), memory_gb, 1, prompt_tokens, RESPONSE, PROMPTS * G
+    )
 
 
 def test_a_weight_sync_that_cannot_land_ends_the_run_naming_the_engine_and_step(tiny_sft, tmp_path):

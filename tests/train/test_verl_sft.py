@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from rstar.train.config import SFTConfig
+from rstar.train.config import SFTConfig, StageConfig
 from rstar.train.sft import encode_example
 from tests.train.test_verl_run import merged_changes, metrics_by_step
 
@@ -54,6 +54,29 @@ def test_replayed_pretraining_text_is_refused_with_engine_verl():
         sft_overrides(
             SFTConfig(replay_rows=4), model=BASE, train_files="x.parquet", out_dir="out", n_gpus=1
         )
+
+
+def test_sft_on_gpus_uses_the_attention_the_gpu_lock_has():
+    """verl's default attention is flash-attn, which the GPU lock does not install: SFT on GPUs
+    asks for PyTorch's sdpa, padded, as the RL stages do (the first GPU stage failed to build
+    its model otherwise)."""
+    from rstar.train.verl_launcher import verl_overrides
+    from rstar.train.verl_sft import sft_overrides
+
+    sft = sft_overrides(SFTConfig(), model=BASE, train_files="x.parquet", out_dir="o", n_gpus=8)
+    assert "+model.override_config.attn_implementation=sdpa" in sft
+    assert "model.use_remove_padding=false" in sft
+    rl = verl_overrides(
+        StageConfig(name="rl1"),
+        model=BASE,
+        train_files="x.parquet",
+        agent_loop_config="a.yaml",
+        sandbox_url="http://s",
+        out_dir="o",
+        n_gpus=8,
+    )
+    assert "+actor_rollout_ref.model.override_config.attn_implementation=sdpa" in rl
+    assert "actor_rollout_ref.model.use_remove_padding=false" in rl
 
 
 @pytest.mark.timeout(1800)

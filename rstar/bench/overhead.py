@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import psutil
 
 from rstar.agent.loop import Generation
-from rstar.benchreport import publish
+from rstar.bench.report import publish
 from rstar.rollout.runner import as_finished
 from rstar.rollout.scheduler import BalancedScheduler
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 import rstar
-from rstar.benchreport import publish
+from rstar.bench.report import publish
 from rstar.pipeline.config import load_recipe, seed_overrides
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ def run_robustness(
     import torch
     import transformers
 
-    from rstar.model.shipped import cpu_model
+    from rstar.machine import cpu_model
 
     recipe = load_recipe(config)
     results = []

@@ -19,7 +19,7 @@ import time
 from contextlib import AsyncExitStack
 from dataclasses import replace
 
-from rstar.benchreport import publish
+from rstar.bench.report import publish
 
 ENGINES = ("hf", "vllm")
 
@@ -86,9 +86,9 @@ def run_engine_benchmark(config: str, steps: int, root: str | None, out: str) ->
     import vllm
 
     from rstar.data.io import read_table
+    from rstar.machine import cpu_model
     from rstar.pipeline.config import load_recipe
     from rstar.pipeline.layout import Layout
-    from rstar.sandbox.bench import cpu_model
     from rstar.train.rl import loop_config
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
@@ -110,8 +110,9 @@ def run_engine_benchmark(config: str, steps: int, root: str | None, out: str) ->
         f"`rstar bench-engines --config {config} --steps {steps}` on {cpu_model()} "
         f"({len(os.sched_getaffinity(0))} cores), torch {torch.__version__}; {wall:.0f} s in all. "
         f"The recipe's SFT checkpoint samples RL stage 1's rollouts ({stage.prompts_per_step} "
-        f"prompts x {k}, temperature {stage.temperature}, at most {stage.max_response_tokens} "
-        f"tokens and {stage.max_turns} turns) through one agent loop and sandbox per engine, the "
+        f"prompts x {k}, temperature {stage.sampling.temperature}, at most "
+        f"{stage.sampling.max_response_tokens} tokens and {stage.sampling.max_turns} turns) "
+        "through one agent loop and sandbox per engine, the "
         "engines taking turns step by step on the same prompts; means over the steps after the "
         "first (it warms caches). vLLM runs float32, eager, its compute threads on every core "
         "(rstar.rollout.vllm_cpu).",

@@ -82,10 +82,10 @@ def train_trl(
             input: Text given to the code on standard input.
         """
         start = time.monotonic()
-        res = (await sandbox.run_many([ExecRequest(code, input, loop.tool_timeout_s)]))[0]
+        res = (await sandbox.run_many([ExecRequest(code, input, loop.sampling.tool_timeout_s)]))[0]
         clock["tool_s"] += time.monotonic() - start
         clock["tool_calls"] += 1
-        return tool_response(res, tok, loop.max_tool_response_tokens)
+        return tool_response(res, tok, loop.sampling.max_tool_response_tokens)
 
     assert execute_python_code_with_standard_io.__name__ == TOOL_NAME
     scorer = BatchScorer(workers=1)
@@ -124,10 +124,10 @@ def train_trl(
         gradient_accumulation_steps=1,
         num_iterations=1,
         max_grad_norm=cfg.max_grad_norm,
-        temperature=cfg.temperature,
-        top_p=1.0,
-        max_completion_length=cfg.max_response_tokens,
-        max_tool_calling_iterations=cfg.max_turns - 1,
+        temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p,
+        max_completion_length=cfg.sampling.max_response_tokens,
+        max_tool_calling_iterations=cfg.sampling.max_turns - 1,
         beta=0.0,
         epsilon=cfg.clip_low,
         epsilon_high=cfg.clip_high,

@@ -23,7 +23,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
-from rstar.sandbox.bench import SYMPY, TRIVIAL
+from rstar.bench.sandbox import SYMPY, TRIVIAL
 from rstar.sandbox.process import SandboxProcess, free_port
 
 MEASURED_AT = "fbc5293"  # the code-judge commit the anchors were measured at

@@ -22,42 +22,15 @@ import time
 from dataclasses import replace
 
 import rstar
-from rstar.benchreport import publish
+from rstar.bench.report import publish
+from rstar.bench.robustness import native_capability
 from rstar.eval.metrics import overall_accuracy
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.records import StageOutput
-from rstar.pipeline.robustness import native_capability
+from rstar.pipeline.report import RECIPE_STAGES, stage_seconds
 from rstar.storage import atomic_write_text
-from rstar.tracking import mlflow_log as ml
 
 log = logging.getLogger(__name__)
-RECIPE_STAGES = ("sft", "rl1", "rl2", "mine", "rl3")
-
-
-def _stage_seconds(recipe, outs: dict[str, StageOutput]) -> dict[str, float]:
-    c = ml.client(recipe.tracking.tracking_uri)
-    seconds = {}
-    for stage, out in outs.items():
-        if out.mlflow_run_id:
-            info = c.get_run(out.mlflow_run_id).info
-            seconds[stage] = (info.end_time - info.start_time) / 1000
-    return seconds
-
-
-def pipeline_report(recipe, outs: dict[str, StageOutput]) -> dict:
-    """What one pipeline run measured, as JSON: each stage's headline metrics and seconds, held-out
-    accuracy per checkpoint, the recipe's time and the verdict (`rstar pipeline run
-    --report-json`)."""
-    seconds = _stage_seconds(recipe, outs)
-    ev = outs["evaluate"].evaluation
-    return {
-        "metrics": {stage: out.metrics for stage, out in outs.items() if stage != "evaluate"},
-        "seconds": seconds,
-        "recipe_seconds": sum(seconds.get(s, 0.0) for s in RECIPE_STAGES),
-        "accuracy": {name: overall_accuracy(s) for name, s in ev.summaries.items()},
-        "learnt": ev.learnt,
-        "verdict": ev.verdict,
-    }
 
 
 def ablation(
@@ -203,10 +176,10 @@ def write_recipe_benchmark(
 ) -> str:
     """The section for one finished run of the recipe in `config` (`outs`: the pipeline's
     outputs, `wall`: how long the run that returned them took), with the ablation run here."""
-    from rstar.model.shipped import cpu_model
+    from rstar.machine import cpu_model
 
     recipe = load_recipe(config)
-    seconds = _stage_seconds(recipe, outs)
+    seconds = stage_seconds(recipe, outs)
     summaries = outs["evaluate"].evaluation.summaries
     acc = {name: overall_accuracy(s) for name, s in summaries.items()}
     histories = ablation(recipe, outs["sft"].model.uri, seeds)
@@ -240,7 +213,7 @@ def write_recipe_benchmark(
         f"This invocation's wall time (cached stages included): {wall:.0f} s.",
         "",
         f"Held-out accuracy (avg pass@1 over all held-out problems, k={recipe.eval.k}, temperature "
-        f"{recipe.eval.temperature}):",
+        f"{recipe.eval.sampling.temperature}):",
         "",
         "| checkpoint | accuracy |",
         "|---|---|",
@@ -271,6 +244,30 @@ def _gain(before: dict, after: dict) -> tuple[float, float, float]:
     return gain, gain - 1.96 * se, gain + 1.96 * se
 
 
+def _training_rollouts(trajectories: str) -> tuple[list[dict], float, float, float]:
+    """A stage's rollouts from its trajectory files (one per step): (rows, accuracy, tool errors
+    per call, mean response tokens)."""
+    from rstar.data.io import read_parquet
+    from rstar.storage import filesystem
+
+    fs, path = filesystem(trajectories)
+    files = sorted(p for p in fs.ls(path, detail=False) if p.endswith(".parquet"))
+    columns = ["reward", "num_tool_calls", "num_tool_errors", "response_len"]
+    rows = [
+        r
+        for f in files
+        for r in read_parquet(f"{trajectories}/{f.rsplit('/', 1)[-1]}", columns).to_pylist()
+    ]
+    n = max(len(rows), 1)
+    calls = sum(r["num_tool_calls"] for r in rows)
+    return (
+        rows,
+        sum(r["reward"] > 0 for r in rows) / n,
+        sum(r["num_tool_errors"] for r in rows) / calls if calls else 0.0,
+        sum(r["response_len"] for r in rows) / n,
+    )
+
+
 def write_real_model_benchmark(
     config: str,
     outs: dict[str, StageOutput],
@@ -281,10 +278,10 @@ def write_real_model_benchmark(
     """The section for one finished run of a recipe on a real base model: time per stage,
     held-out accuracy per benchmark with 95% intervals, tool use per checkpoint, the gain of the
     last stage over the base and over SFT per benchmark, and the verdict."""
-    from rstar.model.shipped import cpu_model
+    from rstar.machine import cpu_model
 
     recipe = load_recipe(config, overrides)
-    seconds = _stage_seconds(recipe, outs)
+    seconds = stage_seconds(recipe, outs)
     ev = outs["evaluate"].evaluation
     names = list(ev.summaries)
     benches = sorted({b for s in ev.summaries.values() for b in s})
@@ -307,8 +304,9 @@ def write_real_model_benchmark(
         *(f"| {s} | {seconds[s]:.0f} |" for s in outs if s in seconds),
         f"| **all** | **{sum(seconds.values()):.0f}** |",
         "",
-        f"Held-out avg@1 (k={recipe.eval.k}, temperature {recipe.eval.temperature}, at most "
-        f"{recipe.eval.max_response_tokens} tokens and {recipe.eval.max_turns} turns) with 95% "
+        f"Held-out avg@1 (k={recipe.eval.k}, temperature {recipe.eval.sampling.temperature}, at "
+        f"most {recipe.eval.sampling.max_response_tokens} tokens and "
+        f"{recipe.eval.sampling.max_turns} turns) with 95% "
         "intervals over questions, and tool use over all held-out answers:",
         "",
         "| checkpoint | "
@@ -337,18 +335,17 @@ def write_real_model_benchmark(
                 excludes = "excludes zero" if lo > 0 or hi < 0 else "includes zero"
                 lines.append(f"- {b}, over {ref}: {gain:+.3f} ({lo:+.3f} to {hi:+.3f}; {excludes})")
     rl_rows = [
-        f"| {r.name} | {outs[r.name].metrics.get('accuracy', 0.0):.3f} | "
-        f"{outs[r.name].metrics.get('tool_error_rate', 0.0):.3f} | "
-        f"{outs[r.name].metrics.get('response_len_mean', 0.0):.0f} |"
+        f"| {r.name} | {len(rows)} | {acc:.3f} | {errors:.3f} | {length:.0f} |"
         for r in recipe.rl
-        if r.name in outs
+        if r.name in outs and outs[r.name].trajectories
+        for rows, acc, errors, length in [_training_rollouts(outs[r.name].trajectories)]
     ]
     lines += [
         "",
-        "Training rollouts per RL stage (all steps):",
+        "Training rollouts per RL stage (every step's, sampled before RoC):",
         "",
-        "| stage | accuracy | tool errors per call | response tokens |",
-        "|---|---|---|---|",
+        "| stage | rollouts | accuracy | tool errors per call | response tokens |",
+        "|---|---|---|---|---|",
         *rl_rows,
         "",
         "Verdict (`expect` in the recipe):",

@@ -17,7 +17,8 @@ import uvloop
 from rich.console import Console
 from rich.table import Table
 
-from rstar.benchreport import write_section
+from rstar.bench.report import write_section
+from rstar.machine import cpu_model
 from rstar.sandbox.client import SandboxClient
 from rstar.sandbox.process import SandboxProcess
 from rstar.sandbox.result import ExecRequest
@@ -70,18 +71,6 @@ class CostMeter:
             "executor page faults": sum(x[2] for x in ex) / calls,
             "call process page faults": sum(x[3] for x in ex) / calls,
         }
-
-
-def cpu_model() -> str:
-    """The CPU's name as the kernel reports it: the same two cores run these figures at very
-    different speeds on different hosts, so every run says which it had."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(
-                line.split(":", 1)[1].strip() for line in f if line.startswith("model name")
-            )
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def _pcts(latencies: list[float]) -> tuple[float, float, float]:

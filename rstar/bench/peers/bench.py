@@ -7,12 +7,12 @@ token and turn limits, optimizer, schedule, sandbox and reward:
 - rstar GRPO-RoC: the local trainer as the recipe runs it (2G sampled, G kept by RoC);
 - rstar GRPO: the local trainer with RoC off (G sampled, all kept): TRL's algorithm, so the
   throughput comparison is at equal settings;
-- TRL GRPO: `trl.GRPOTrainer` with the sandbox as its tool (rstar.peers.trl_grpo says what it
+- TRL GRPO: `trl.GRPOTrainer` with the sandbox as its tool (rstar.bench.peers.trl_grpo says what it
   cannot express).
 
 Then the agent loop against verl's ToolAgentLoop over one engine and sandbox
-(rstar.peers.verl_loop), and the sandbox against code-judge, the release's own, through
-code-judge's API (rstar.peers.code_judge; code-judge's row needs a checkout, `--code-judge PATH`).
+(rstar.bench.peers.verl_loop), and the sandbox against code-judge, the release's own, through
+code-judge's API (rstar.bench.peers.code_judge; its row needs a checkout, `--code-judge PATH`).
 
 Per step it records the wall time split into rollout (generation with tool calls inside),
 tool calls (the sum of their latencies), reward and update, and the model tokens generated;
@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import replace
 
-from rstar.benchreport import publish
+from rstar.bench.report import publish
 
 log = logging.getLogger(__name__)
 SIDES = ("rstar GRPO-RoC", "rstar GRPO", "TRL GRPO")
@@ -70,7 +70,7 @@ def run_side(
         )
 
     if side == "TRL GRPO":
-        from rstar.peers.trl_grpo import train_trl
+        from rstar.bench.peers.trl_grpo import train_trl
 
         out = tempfile.mkdtemp(prefix="peers-trl-")
         return train_trl(model_dir, problems, cfg, out, loop=loop_cfg, on_step=progress), out
@@ -87,12 +87,12 @@ def settings(recipe, cfg, loop_cfg) -> dict:
         "steps": cfg.steps,
         "prompts per step": cfg.prompts_per_step,
         "G (rollouts kept per prompt)": cfg.roc.group_size,
-        "temperature": cfg.temperature,
-        "top_p": 1.0,
-        "max response tokens": cfg.max_response_tokens,
-        "max turns": cfg.max_turns,
-        "tool timeout s": loop_cfg.tool_timeout_s,
-        "max tool response tokens": loop_cfg.max_tool_response_tokens,
+        "temperature": cfg.sampling.temperature,
+        "top_p": cfg.sampling.top_p,
+        "max response tokens": cfg.sampling.max_response_tokens,
+        "max turns": cfg.sampling.max_turns,
+        "tool timeout s": loop_cfg.sampling.tool_timeout_s,
+        "max tool response tokens": loop_cfg.sampling.max_tool_response_tokens,
         "optimizer": f"AdamW lr {cfg.lr}, weight decay {cfg.weight_decay}, warm-up "
         f"{cfg.warmup_steps} steps, grad clip {cfg.max_grad_norm}",
         "loss": f"clipped surrogate eps {cfg.clip_low}/{cfg.clip_high}, token mean, no KL",
@@ -100,7 +100,8 @@ def settings(recipe, cfg, loop_cfg) -> dict:
         "reward": "answer-only (rstar.reward)",
         "sandbox": "rstar's embedded sandbox",
         "prompt style": recipe.prompt_style,
-        "evaluation": f"held-out set, k={recipe.eval.k}, temperature {recipe.eval.temperature}",
+        "evaluation": f"held-out set, k={recipe.eval.k}, "
+        f"temperature {recipe.eval.sampling.temperature}",
     }
 
 
@@ -229,9 +230,9 @@ def run_peer_benchmark(
         seeds,
         os.path.basename(png),
     )
-    from rstar.peers import code_judge, verl_loop
+    from rstar.bench.peers import code_judge, verl_loop
 
-    greedy = replace(loop_cfg, temperature=0.0)
+    greedy = replace(loop_cfg, sampling=replace(loop_cfg.sampling, temperature=0.0))
     lines += [
         "",
         *verl_loop.report(
@@ -262,7 +263,7 @@ def report(
     import transformers
     import trl
 
-    from rstar.sandbox.bench import cpu_model
+    from rstar.machine import cpu_model
 
     s = summarize(runs)
     speedup = s["rstar GRPO"]["tokens_per_s"] / s["TRL GRPO"]["tokens_per_s"]

@@ -19,9 +19,9 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from rstar.benchreport import write_section
+from rstar.bench.report import write_section
+from rstar.bench.simulate import ReplicaModel, Workload, lower_bound, simulate
 from rstar.cluster import ray_session
-from rstar.rollout.simulate import ReplicaModel, Workload, lower_bound, simulate
 
 GEN_CHUNK = (
     256  # tokens a balanced request reserves beyond its context; a turn continues in further chunks

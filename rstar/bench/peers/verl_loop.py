@@ -8,7 +8,7 @@ work: rendering, tokenizing, parsing), from each rollout's own timeline; with gr
 whether the two record the same response token ids and loss masks.
 
 verl's loop renders the prompt with its tools listed on every prompt; like TRL's, it gets this
-project's template with the tools block switched off (rstar.peers.trl_grpo.trl_chat_template),
+project's template with the tools block switched off (rstar.bench.peers.trl_grpo.trl_chat_template),
 so both send the compact prompt the tiny model learnt.
 """
 
@@ -76,13 +76,13 @@ def _verl_config(loop: LoopConfig, prompt_length: int):
             "actor_rollout_ref": {
                 "rollout": {
                     "prompt_length": prompt_length,
-                    "response_length": loop.max_response_tokens,
+                    "response_length": loop.sampling.max_response_tokens,
                     "full_determinism": False,
                     "multi_turn": {
-                        "max_user_turns": loop.max_turns - 1,
-                        "max_assistant_turns": loop.max_turns,
+                        "max_user_turns": loop.sampling.max_turns - 1,
+                        "max_assistant_turns": loop.sampling.max_turns,
                         "max_parallel_calls": 1,
-                        "max_tool_response_length": loop.max_tool_response_tokens,
+                        "max_tool_response_length": loop.sampling.max_tool_response_tokens,
                         "tool_response_truncate_side": "right",
                         "format": "hermes",
                     },
@@ -108,15 +108,15 @@ async def run_verl_loop(
     from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 
     from rstar.agent.verl_adapter import SandboxTool
-    from rstar.peers.trl_grpo import trl_chat_template
+    from rstar.bench.peers.trl_grpo import trl_chat_template
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.chat_template = trl_chat_template()
     timed = TimedEngine(engine)
     prompt_length = 1024
-    server = VerlServer(timed, prompt_length + loop.max_response_tokens)
+    server = VerlServer(timed, prompt_length + loop.sampling.max_response_tokens)
     with contextlib.redirect_stdout(io.StringIO()):  # verl's BaseTool prints its schema
-        tool = SandboxTool({"sandbox_url": sandbox_url, "timeout_s": loop.tool_timeout_s})
+        tool = SandboxTool({"sandbox_url": sandbox_url, "timeout_s": loop.sampling.tool_timeout_s})
     timed_tool = _timed_tool(tool)
     from transformers import AutoConfig
 
@@ -131,8 +131,8 @@ async def run_verl_loop(
         tools=ToolListWrap([timed_tool]),
     )
     params = {
-        "temperature": loop.temperature,
-        "top_p": loop.top_p,
+        "temperature": loop.sampling.temperature,
+        "top_p": loop.sampling.top_p,
         "stop_token_ids": [tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(EOS)],
     }
     style = STYLES[loop.prompt_style]
@@ -243,8 +243,9 @@ def report(results: list[LoopResult], loop: LoopConfig) -> list[str]:
         "### The agent loop against verl's ToolAgentLoop",
         "",
         f"{ours.rollouts} training problems, one rollout each, greedy (so the two can be compared "
-        f"token for token), at most {loop.max_turns} turns and {loop.max_response_tokens} response "
-        "tokens, through one HF engine (verl's server interface for verl's loop) and one sandbox "
+        f"token for token), at most {loop.sampling.max_turns} turns and "
+        f"{loop.sampling.max_response_tokens} response tokens, through one HF engine (verl's "
+        "server interface for verl's loop) and one sandbox "
         "service (this project's tool as a verl tool). Own time per turn: each rollout's wall "
         "time less its generate calls and tool calls, summed, over the turns.",
         "",

@@ -46,7 +46,7 @@ def _symbolic_items(n: int, rng: random.Random):
 
 def run_reward_benchmark(integer_items: int, symbolic_items: int, out: str) -> list[tuple]:
     """Integer and symbolic verification rates on this machine, as section `reward` of `out`."""
-    from rstar.benchreport import write_section
+    from rstar.bench.report import write_section
     from rstar.reward.score import BatchScorer, score
 
     console = Console()
