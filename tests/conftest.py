@@ -43,6 +43,17 @@ def pytest_unconfigure(config):
     os._exit(int(_session.exitstatus) if _session is not None else 0)
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Every test leaves os.environ as it found it: a variable a test set by hand (not through
+    monkeypatch) reached every later test's subprocesses and changed what they computed."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 @pytest.fixture
 def log_lines(monkeypatch):
     """rstar's log lines on stderr as the `rstar` command configures them (rstar.logs), undone

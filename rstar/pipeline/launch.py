@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 
 from rstar.cluster import ensure_ray
 from rstar.pipeline.config import Recipe
@@ -31,11 +31,11 @@ def launcher_env(environ: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k.startswith(FORWARDED)}
 
 
-def fill_missing(offered: dict[str, str]) -> None:
+def fill_missing(offered: dict[str, str], environ: MutableMapping[str, str]) -> None:
     """In a stage's worker on a cluster: set what the launcher offered and the node lacks, keep
     the node's own."""
     for k, v in offered.items():
-        os.environ.setdefault(k, v)
+        environ.setdefault(k, v)
 
 
 def run_job(
@@ -143,7 +143,7 @@ def _job(
     ticks,
     offered: dict[str, str],
 ) -> StageOutput:
-    fill_missing(offered)  # before torch reads ATEN_CPU_CAPABILITY
+    fill_missing(offered, os.environ)  # before torch reads ATEN_CPU_CAPABILITY
     import torch
     from transformers.utils import logging as hf_logging
 

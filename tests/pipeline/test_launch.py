@@ -73,12 +73,12 @@ def test_each_stage_runs_in_a_worker_process_of_its_own(tmp_path):
     assert pids[0] != pids[1]
 
 
-def test_a_stage_gets_the_launchers_settings_only_where_its_node_has_none(monkeypatch):
+def test_a_stage_gets_the_launchers_settings_only_where_its_node_has_none():
     """A pod's own storage, MLflow and cache settings win over the launching machine's (a
     laptop's loopback MLflow URL on a GPU pod); what the node lacks (a Ray head started before
-    the local stack's settings were exported) comes from the launcher."""
-    import os
-
+    the local stack's settings were exported) comes from the launcher. Checked on a dict: on
+    os.environ, a variable set here would reach every later test's subprocesses (it did:
+    ATEN_CPU_CAPABILITY=avx2 made vLLM's CPU build sample garbage in the verl tests)."""
     from rstar.pipeline.launch import fill_missing, launcher_env
 
     here = {
@@ -89,10 +89,11 @@ def test_a_stage_gets_the_launchers_settings_only_where_its_node_has_none(monkey
     }
     offered = launcher_env(here)
     assert offered == {k: v for k, v in here.items() if k != "PATH"}
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.pod:5000")
-    monkeypatch.delenv("RSTAR_S3_ENDPOINT_URL", raising=False)
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    fill_missing(offered)
-    assert os.environ["MLFLOW_TRACKING_URI"] == "http://mlflow.pod:5000"
-    assert os.environ["RSTAR_S3_ENDPOINT_URL"] == "http://127.0.0.1:9000"
-    assert os.environ["ATEN_CPU_CAPABILITY"] == "avx2"
+    node = {"MLFLOW_TRACKING_URI": "http://mlflow.pod:5000", "PATH": "/bin"}
+    fill_missing(offered, node)
+    assert node == {
+        "MLFLOW_TRACKING_URI": "http://mlflow.pod:5000",
+        "RSTAR_S3_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "PATH": "/bin",
+    }
