@@ -166,3 +166,23 @@ def test_a_gpu_worker_pod_fits_the_node_it_is_sized_for():
     assert int(shm["emptyDir"]["sizeLimit"].removesuffix("Gi")) < int(
         limits["memory"].removesuffix("Gi")
     )
+
+
+def test_the_mlflow_host_the_14b_recipe_names_is_a_service_of_the_manifests():
+    """The recipe's tracking_uri (http://mlflow:5000) resolves in the cluster: a Service of that
+    name and port selects the MLflow server's pods, all valid Kubernetes objects."""
+    from urllib.parse import urlparse
+
+    objects = docs("mlflow.yaml")
+    for o in objects:
+        kv.validate(o, K8S, strict=True)
+    with open(os.path.join(CLUSTER, "..", "..", "configs", "qwen3-14b.yaml")) as f:
+        url = urlparse(yaml.safe_load(f)["tracking"]["tracking_uri"])
+    service = next(
+        o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == url.hostname
+    )
+    assert url.port in [p["port"] for p in service["spec"]["ports"]]
+    server = next(o for o in objects if o["kind"] == "Deployment")
+    assert service["spec"]["selector"] == server["spec"]["template"]["metadata"]["labels"]
+    container = server["spec"]["template"]["spec"]["containers"][0]
+    assert f"--port {url.port}" in container["command"][-1]
