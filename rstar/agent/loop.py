@@ -121,7 +121,6 @@ class Trajectory:
             "stage": stage,
             "policy_step": policy_step,
             "prompt_text": prompt_text,
-            "response_text": self.response_text,
             "prompt_ids": self.prompt_ids,
             "response_ids": self.response_ids,
             "response_mask": self.response_mask,
@@ -129,14 +128,22 @@ class Trajectory:
             "entropies": self.entropies,
             "reward": reward,
             "answer": answer,
+            "prompt_len": len(self.prompt_ids),
+            "response_len": len(self.response_ids),
+            **self.outcome(),
+        }
+
+    def outcome(self) -> dict:
+        """The fields of its row that the trajectory alone gives, its tokens apart (also what
+        verl's agent loop hands verl's trainer for the row: rstar.train.verl_trajectories)."""
+        return {
+            "response_text": self.response_text,
             "finish_reason": self.finish_reason,
             "turns": self.turns,
             "num_answers": self.num_answers,
             "num_tool_calls": len(self.tool_calls),
             "num_tool_errors": self.num_tool_errors,
             "tool_calls": json.dumps([asdict(c) for c in self.tool_calls]),
-            "prompt_len": len(self.prompt_ids),
-            "response_len": len(self.response_ids),
             "generate_s": self.generate_s,
             "tool_s": self.tool_s,
         }

@@ -17,6 +17,7 @@ validation samples at its own.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 from uuid import uuid4
@@ -33,8 +34,12 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 from rstar.agent.format import TOOL_SCHEMA
 from rstar.agent.loop import AgentLoop, Generation, LoopConfig, rollout_id_of
 from rstar.agent.sampling import Sampling
+from rstar.reward.extract import extract_answer
 from rstar.reward.score import score
 from rstar.sandbox.client import SandboxClient
+
+# the extra field that carries a rollout's trajectory row, its tokens apart, to verl's trainer
+ROW_FIELD = "rstar_row"
 
 
 class ServerManagerEngine:
@@ -149,6 +154,16 @@ class RStarAgentLoop(AgentLoopBase):
                 "rstar_num_tool_errors": traj.num_tool_errors,
                 "rstar_num_sandbox_failures": traj.num_sandbox_failures,
                 "rstar_truncated": traj.truncated,
+                ROW_FIELD: json.dumps(
+                    {
+                        "problem_id": str(extra.get("problem_id")),
+                        "prompt_text": self.tokenizer.decode(
+                            traj.prompt_ids, skip_special_tokens=False
+                        ),
+                        "answer": extract_answer(traj.response_text),
+                        **traj.outcome(),
+                    }
+                ),
             },
         )
 

@@ -88,6 +88,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("response_len", pa.int32(), nullable=False),
             pa.field("generate_s", pa.float32(), nullable=False),
             pa.field("tool_s", pa.float32(), nullable=False),
+            # RL steps: whether RoC kept the rollout for the update (null outside RL)
+            pa.field("kept", pa.bool_(), nullable=True),
         ]
     ),
     "sft": pa.schema(

@@ -238,12 +238,15 @@ def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) 
     work, remote_work = cache.work_dir(recipe, stage, inputs)
     if recipe.engine == "verl":
         merged = verl_stages.rl(recipe, inputs, log, cfg, work)
+        trajectories = layout.trajectories(stage)
+        log.output(trajectories, f"{stage}_trajectories", digest(trajectories))
         return model_output(
             publish(
                 layout.model(stage), lambda tmp: shutil.copytree(merged, tmp), recipe.prompt_style
             ),
             stage,
             {},
+            trajectories=trajectories,
         )
     ckpt_uri = f"{remote_work}/checkpoint"
     if is_remote(layout.root):

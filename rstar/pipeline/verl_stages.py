@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -115,7 +116,7 @@ def rl(recipe: Recipe, inputs: StageInputs, log, cfg, work: str) -> str:
 
     from rstar.sandbox.client import check_health
     from rstar.sandbox.process import SandboxProcess
-    from rstar.train.verl_launcher import build_verl_run
+    from rstar.train.verl_launcher import build_verl_run, external_modules
 
     with contextlib.ExitStack() as stack:
         # on the CPU without a sandbox service named, one of its own for this stage (loopback only)
@@ -128,6 +129,12 @@ def rl(recipe: Recipe, inputs: StageInputs, log, cfg, work: str) -> str:
         # the previous verl stage's optimizer state, which this one carries over unless it resets
         pointer = os.path.join(model, VERL_CHECKPOINT)
         optimizer_from = Path(pointer).read_text().strip() if os.path.exists(pointer) else None
+        trajectories = Layout(recipe.storage_root).trajectories(cfg.name)
+        if not os.path.exists(os.path.join(work, "latest_checkpointed_iteration.txt")):
+            # a fresh start (verl resumes otherwise): drop other runs' step files
+            fs, path = filesystem(trajectories)
+            if fs.exists(path):
+                fs.rm(path, recursive=True)
         cmd = build_verl_run(
             replace(cfg, prompt_style=recipe.prompt_style),
             model=model,
@@ -139,10 +146,13 @@ def rl(recipe: Recipe, inputs: StageInputs, log, cfg, work: str) -> str:
             val_problems=held_out if fs.exists(path) else None,
             experiment=recipe.tracking.experiment,
             optimizer_from=optimizer_from,
+            trajectories=trajectories,
             device=device(recipe),
             gpu=lambda prompt_tokens: gpu_settings(recipe, cfg, prompt_tokens),
         )
-        cmd += ray_job_env(mlflow_env(log))
+        # on a cluster the job's processes see only what Ray's job carries
+        modules = {"VERL_USE_EXTERNAL_MODULES": external_modules(device(recipe))}
+        cmd += ray_job_env({**modules, **mlflow_env(log)})
         actor = os.path.join(work, f"global_step_{cfg.steps}", "actor")
         merged = _run(cmd, cfg.name, log, work, recipe, lambda: actor)
     with open(os.path.join(merged, VERL_CHECKPOINT), "w") as f:
@@ -161,7 +171,17 @@ def ray_job_env(env: dict[str, str]) -> list[str]:
     """Hydra overrides that put `env` into the Ray job verl starts or joins. verl's logger runs
     in its task-runner actor; on a cluster started apart (`ray start`) actors do not inherit the
     launching process's environment, and verl forwards only its own list of variables."""
-    return [f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={v}" for k, v in env.items()]
+    return [
+        f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_quoted(v)}" for k, v in env.items()
+    ]
+
+
+def hydra_quoted(value: str) -> str:
+    """`value` as a quoted Hydra override value, which Hydra reads back as it is (unquoted, a
+    comma would make a sweep of it). Inside quotes Hydra unescapes backslashes only before a
+    quote or the closing one."""
+    escaped = re.sub(r"(\\+)(?='|$)", r"\1\1", value).replace("'", "\\'")
+    return f"'{escaped}'"
 
 
 def _run(cmd: list[str], stage: str, log, work: str, recipe: Recipe, checkpoint) -> str:

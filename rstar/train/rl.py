@@ -265,7 +265,11 @@ class RLTrainer:
         with _timed(seconds, "reward"):
             records = await score(loop, sampled, scorer, stage=cfg.name, policy_step=self.step)
         rng = random.Random(f"{cfg.seed}/{cfg.name}/{self.step}/roc")
-        kept = [records[i] for i in keep_indices([rollout_of(r) for r in records], cfg.roc, rng)]
+        chosen = keep_indices([rollout_of(r) for r in records], cfg.roc, rng)
+        keep = set(chosen)
+        for i, r in enumerate(records):
+            r["kept"] = i in keep
+        kept = [records[i] for i in chosen]
         with _timed(seconds, "update"):
             update = (
                 self.update(kept) if kept else {"clip_fraction": 0.0, "loss": 0.0, "grad_norm": 0.0}

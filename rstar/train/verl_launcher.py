@@ -69,6 +69,7 @@ def verl_overrides(
     experiment: str = "rstar",
     router_config: str | None = None,
     optimizer_from: str | None = None,
+    trajectories: str | None = None,
     device: str = "gpu",
     gpu: GPUSettings | None = None,
 ) -> list[str]:
@@ -80,7 +81,8 @@ def verl_overrides(
     never. Metrics go to the console and to MLflow (the run named by MLFLOW_RUN_ID, the
     stage's own, when the launcher sets it). `router_config`: the KV-balanced load balancer's
     YAML (rstar.rollout.verl_router); `optimizer_from`: the previous stage's actor checkpoint,
-    whose optimizer state this stage takes over (`reset_optimizer: false`). `gpu`: the GPU
+    whose optimizer state this stage takes over (`reset_optimizer: false`); `trajectories`: the
+    directory or s3:// prefix that gets each step's rollouts (Parquet). `gpu`: the GPU
     settings sized for this stage (rstar.train.gpu_sizing); `device="cpu"`: verl on this
     machine's CPU (`cpu_overrides`)."""
     if cfg.roc.mode == "released":
@@ -167,6 +169,7 @@ def verl_overrides(
             if optimizer_from and not cfg.reset_optimizer
             else []
         ),
+        *([f"+rstar.trajectories={trajectories}"] if trajectories else []),
         # FSDP2 on every device: the strategy CI trains with (verl's default is FSDP1, which
         # the CPU cannot run), so the GPU path runs the code the tests ran
         "actor_rollout_ref.actor.strategy=fsdp2",
@@ -211,19 +214,29 @@ def cpu_overrides(processes: int) -> list[str]:
     ]
 
 
+def external_modules(device: str) -> str:
+    """What verl imports in every one of its processes (`VERL_USE_EXTERNAL_MODULES`): the
+    checkpoint load that restores the scheduler's rate (rstar.train.verl_resume) and, on the
+    CPU, the platform plug-in (rstar.train.verl_cpu)."""
+    return ",".join(
+        (["rstar.train.verl_cpu"] if device == "cpu" else []) + ["rstar.train.verl_resume"]
+    )
+
+
 def verl_env(device: str = "gpu", threads: int | None = None) -> dict[str, str]:
-    """Environment for the verl command: without verl's warning, in every one of its processes,
-    for each optional training engine not installed (torchtitan, veomni, megatron...); on the
-    CPU, the platform plug-in loaded in every verl process, and `threads` torch threads (default:
-    every core) in its training processes, which Ray would otherwise start with one."""
+    """Environment for the verl command: the project's modules in every verl process
+    (`external_modules`), without verl's warning, in each, for each optional training engine
+    not installed (torchtitan, veomni, megatron...); on the CPU, `threads` torch threads
+    (default: every core) in its training processes, which Ray would otherwise start with one."""
     quiet = ",".join(
         filter(None, [os.environ.get("PYTHONWARNINGS"), "ignore::UserWarning:verl.workers.engine"])
     )
+    modules = external_modules(device)
     if device != "cpu":
-        return {"PYTHONWARNINGS": quiet}
+        return {"PYTHONWARNINGS": quiet, "VERL_USE_EXTERNAL_MODULES": modules}
     return {
         "PYTHONWARNINGS": quiet,
-        "VERL_USE_EXTERNAL_MODULES": "rstar.train.verl_cpu",
+        "VERL_USE_EXTERNAL_MODULES": modules,
         "VERL_PLATFORM": "cpu",
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "OMP_NUM_THREADS": str(threads or os.cpu_count() or 1),
@@ -266,6 +279,7 @@ def build_verl_run(
     experiment: str = "rstar",
     kv_cache_tokens: int | None = None,
     optimizer_from: str | None = None,
+    trajectories: str | None = None,
     device: str = "gpu",
     gpu: Callable[[int], GPUSettings] | None = None,
 ) -> list[str]:
@@ -326,6 +340,7 @@ def build_verl_run(
         experiment=experiment,
         router_config=router,
         optimizer_from=optimizer_from,
+        trajectories=trajectories,
         device=device,
         max_prompt_length=prompt_tokens,
         gpu=settings,

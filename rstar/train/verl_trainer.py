@@ -11,6 +11,8 @@ nothing else of verl's step. So this module subclasses the legacy trainer:
 - `_balance_batch`: RoC (`rstar.algo.roc.keep_indices`, the local trainer's selection) drops
   the rows in place, logs `roc/*` metrics (sampled, kept, p_err/p_format of kept positives,
   tool-error rate in correct trajectories sampled and kept), then verl balances what is left;
+  before the drop, every sampled rollout is written as the local trainer writes them
+  (`rstar.trajectories`: rstar.train.verl_trajectories);
 - `_update_actor`: PPO mini-batches are `ppo_mini_batch_size` prompts of the *kept* group size;
 - `WeightSyncWithDeadline` (verl's `rollout.checkpoint_manager_class`): verl's weight sync to
   the rollout replicas, ended with an error naming the engine and the step when it does not
@@ -32,6 +34,7 @@ import logging
 import os
 import random
 import threading
+import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -44,7 +47,9 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.ray_utils import auto_await
 
 from rstar.algo.roc import RoCConfig, Rollout, keep_indices
+from rstar.data.io import write_table
 from rstar.logs import configure
+from rstar.train.verl_trajectories import trajectory_table
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +77,10 @@ def _error_rate(rows: list[Rollout]) -> float:
     return sum(r.num_tool_errors for r in rows) / calls if calls else 0.0
 
 
-def apply_roc(batch: DataProto, cfg: RoCConfig, rng: random.Random) -> dict[str, float]:
-    """Keep RoC's selection of `batch`'s rows, in place; return the step's `roc/*` metrics."""
+def roc_selection(
+    batch: DataProto, cfg: RoCConfig, rng: random.Random
+) -> tuple[list[int], dict[str, float]]:
+    """The indices of the rows of `batch` RoC keeps, and the step's `roc/*` metrics."""
     rollouts = rollouts_of(batch)
     failures = int(np.sum(batch.non_tensor_batch["rstar_num_sandbox_failures"]))
     kept_idx = sorted(keep_indices(rollouts, cfg, rng))
@@ -82,11 +89,9 @@ def apply_roc(batch: DataProto, cfg: RoCConfig, rng: random.Random) -> dict[str,
             "RoC kept no rollout of this step (every group was dropped): nothing to train on"
         )
     kept = [rollouts[i] for i in kept_idx]
-    sub = batch.select_idxs(np.array(kept_idx, dtype=np.int64))
-    batch.batch, batch.non_tensor_batch = sub.batch, sub.non_tensor_batch
     pos, pos_kept = [r for r in rollouts if r.reward > 0], [r for r in kept if r.reward > 0]
     calls = sum(r.num_tool_calls for r in rollouts)
-    return {
+    return kept_idx, {
         "roc/sampled": len(rollouts),
         "roc/kept": len(kept),
         # the sandbox failing (never ran the call), apart from the errors in the model's code
@@ -118,11 +123,23 @@ class RoCTrainer(RayPPOTrainer):
         self, batch: DataProto, metrics, logging_prefix="global_seqlen", keep_minibatch=False
     ):
         seed = int(self.config.rstar.get("seed", 0))
-        metrics.update(
-            apply_roc(
-                batch, roc_config(self.config), random.Random(f"{seed}/{self.global_steps}/roc")
-            )
+        kept, roc_metrics = roc_selection(
+            batch, roc_config(self.config), random.Random(f"{seed}/{self.global_steps}/roc")
         )
+        metrics.update(roc_metrics)
+        where = self.config.rstar.get("trajectories")
+        if where:  # every rollout sampled, before RoC drops rows
+            start = time.perf_counter()
+            write_table(
+                trajectory_table(
+                    batch, self.config.trainer.experiment_name, self.global_steps, set(kept)
+                ),
+                f"{where}/step={self.global_steps:05d}.parquet",
+                "trajectories",
+            )
+            metrics["timing_s/rstar_trajectories"] = time.perf_counter() - start
+        sub = batch.select_idxs(np.array(kept, dtype=np.int64))
+        batch.batch, batch.non_tensor_batch = sub.batch, sub.non_tensor_batch
         return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
 
     @contextmanager

@@ -131,6 +131,8 @@ def _check_trajectories(recipe, outs):
             assert len(rows) == prompts * s.roc.group_size * s.roc.oversample
             assert len({(r["group_id"], r["sample_index"]) for r in rows}) == len(rows)
             assert {r["stage"] for r in rows} == {s.name}
+            if s.roc.mode != "released":  # which RoC kept: its group size of every prompt's
+                assert sum(r["kept"] for r in rows) == prompts * s.roc.group_size
     # mining's, streamed to parts: every problem mined, k rollouts each, each once
     fs, root = filesystem(outs["mine"].trajectories)
     remote = "s3://" if outs["mine"].trajectories.startswith("s3://") else ""
@@ -139,7 +141,7 @@ def _check_trajectories(recipe, outs):
     rows = [r for p in parts for r in read_table(p, "trajectories").to_pylist()]
     assert len(rows) == len({(r["group_id"], r["sample_index"]) for r in rows})
     assert len(rows) == recipe.mine.problems * recipe.mine.k
-    assert {r["stage"] for r in rows} == {"mine"}
+    assert {r["stage"] for r in rows} == {"mine"} and {r["kept"] for r in rows} == {None}
 
 
 def test_pipeline_end_to_end_on_local_storage(finished_local):

@@ -62,6 +62,28 @@ async def test_two_worker_nodes_share_the_load(cluster):
     assert {r.extra["node"] for r in results} == {w.url for w in workers}
 
 
+async def test_a_slow_call_holds_no_other_call_of_its_batch(cluster):
+    """Calls are answered as they finish, through the client's batch and the head's relay to a
+    worker alike: the quick calls of a batch that also holds a slow one come back long before
+    it (with whole batches answered at once, every call waited for the slowest)."""
+    head, _ = cluster
+    loop = asyncio.get_running_loop()
+    async with SandboxClient(head.url, batch_size=8, batch_window_ms=50) as client:
+        start = loop.time()
+
+        async def timed(code: str) -> float:
+            result = await client.run(code)
+            assert result.ok, result
+            return loop.time() - start
+
+        slow, *quick = await asyncio.gather(
+            timed("import time\ntime.sleep(3)"),
+            *(timed(f"import time\ntime.sleep(0.05)\n{i}") for i in range(7)),
+        )
+    assert slow >= 3.0
+    assert max(quick) < 1.5, quick
+
+
 async def test_killing_a_worker_mid_batch_loses_no_call(cluster):
     head, (doomed, survivor) = cluster
     n = 96

@@ -330,11 +330,15 @@ def test_the_rl_stage_hands_its_mlflow_run_to_verls_ray_job(tiny_dir, tmp_path, 
             stage="rl1",
         )
     (cmd,) = launched
-    assert "++ray_kwargs.ray_init.runtime_env.env_vars.MLFLOW_RUN_ID=r42" in cmd
+    job_env = "++ray_kwargs.ray_init.runtime_env.env_vars."
+    assert f"{job_env}MLFLOW_RUN_ID='r42'" in cmd
+    assert f"{job_env}MLFLOW_TRACKING_URI='sqlite:////x/mlflow.db'" in cmd
+    # and the modules verl loads in every process, on every node (rstar.train.verl_resume)
     assert (
-        "++ray_kwargs.ray_init.runtime_env.env_vars.MLFLOW_TRACKING_URI=sqlite:////x/mlflow.db"
-        in cmd
+        f"{job_env}VERL_USE_EXTERNAL_MODULES='rstar.train.verl_cpu,rstar.train.verl_resume'" in cmd
     )
+    # each step's rollouts go where the local trainer's would
+    assert f"+rstar.trajectories={Layout(recipe.storage_root).trajectories('rl1')}" in cmd
 
 
 def test_verls_training_processes_on_the_cpu_get_the_recipes_threads():
@@ -462,3 +466,29 @@ def test_verls_logger_on_a_separately_started_ray_sees_the_stages_mlflow_run(tmp
         os.killpg(head.pid, signal.SIGKILL)
         head.wait(timeout=30)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_the_job_environment_reaches_verl_as_it_is_through_hydras_parser():
+    """Values with a comma (the modules verl imports), colons, quotes and backslashes come out of
+    Hydra's parser as they went in; unquoted, the comma made a sweep and verl refused the run."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from rstar.pipeline.verl_stages import ray_job_env
+
+    env = {
+        "VERL_USE_EXTERNAL_MODULES": "rstar.train.verl_cpu,rstar.train.verl_resume",
+        "MLFLOW_TRACKING_URI": "http://mlflow:5000/a=b",
+        "ODD": "it's a \\path\\ with \\'quote\\",
+    }
+    parsed = OverridesParser.create().parse_overrides(ray_job_env(env))
+    assert {o.key_or_group.rsplit(".", 1)[1]: o.value() for o in parsed} == env
+
+
+def test_verl_loads_the_projects_modules_in_every_process_on_either_device():
+    from rstar.train.verl_launcher import verl_env
+
+    assert verl_env("gpu")["VERL_USE_EXTERNAL_MODULES"] == "rstar.train.verl_resume"
+    assert verl_env("cpu")["VERL_USE_EXTERNAL_MODULES"].split(",") == [
+        "rstar.train.verl_cpu",
+        "rstar.train.verl_resume",
+    ]

@@ -1,0 +1,33 @@
+"""verl's checkpoint load, mended: after a load the optimizer runs at its scheduler's rate.
+
+Loaded in every verl process through `VERL_USE_EXTERNAL_MODULES` (`verl_launcher.verl_env`).
+verl 0.9.1's `FSDPCheckpointManager.load_checkpoint` restores the optimizer's state dict and
+with it each parameter group's learning rate as it was when the checkpoint was written; the
+scheduler sets a new rate only after the next update (`LambdaLR.step`). A stage that carries
+the previous stage's optimizer over (`rstar.optimizer_from`, with a scheduler of its own, see
+`verl_trainer.optimizer_only`) thus made its first update at the previous stage's last rate,
+not at its own warm-up's first (#45 point 6). After every load each group takes the
+scheduler's current rate; when a stage resumes its own checkpoint the two are already equal.
+"""
+
+from __future__ import annotations
+
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+
+def rates_from_scheduler(optimizer, scheduler) -> None:
+    """Each parameter group of `optimizer` at the rate `scheduler` gives it now."""
+    for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+        group["lr"] = lr
+
+
+_verl_load = FSDPCheckpointManager.load_checkpoint
+
+
+def _load_checkpoint(self, *args, **kwargs):
+    _verl_load(self, *args, **kwargs)
+    if self.optimizer is not None and self.lr_scheduler is not None:
+        rates_from_scheduler(self.optimizer, self.lr_scheduler)
+
+
+FSDPCheckpointManager.load_checkpoint = _load_checkpoint
