@@ -19,12 +19,17 @@ def _sandbox_config(
     timeout_s: float | None,
     batch_size: int | None = None,
     config: str | None = None,
+    relay: str | None = None,
 ):
+    from dataclasses import replace
+
     from rstar.sandbox.config import SandboxConfig
 
     cfg = SandboxConfig.from_yaml(config) if config else SandboxConfig()
     if batch_size is not None:
         cfg.batch_size = batch_size
+    if relay is not None:
+        cfg = replace(cfg, relay=relay)  # checked as the config is built
     if executors is not None:
         cfg.lean_executors = cfg.warm_executors = executors
     if slots is not None:
@@ -54,6 +59,11 @@ def serve(
     ),
     timeout_s: float = typer.Option(None, help="Default wall-clock limit per call."),
     batch_size: int = typer.Option(None, help="Calls per batch sent to a node."),
+    relay: str = typer.Option(
+        None,
+        help="How a node answers a batch: 'stream' (each call as it ends, the default) or "
+        "'batch' (all when the slowest ends).",
+    ),
     worker: list[str] = typer.Option([], help="URL of a worker node to dispatch to (repeatable)."),
     join: str = typer.Option(None, help="URL of a head service to register with as a worker node."),
     public_url: str = typer.Option(
@@ -75,7 +85,7 @@ def serve(
     _serve(
         host,
         port,
-        _sandbox_config(executors, slots, uid_base, timeout_s, batch_size, config),
+        _sandbox_config(executors, slots, uid_base, timeout_s, batch_size, config, relay),
         local=local,
         workers=worker,
         join=join,
@@ -100,6 +110,23 @@ def bench(
     from rstar.bench.sandbox import run_benchmarks
 
     run_benchmarks(trivial_calls, sympy_calls, baseline_calls, single_calls, out)
+
+
+@app.command("bench-relay")
+def bench_relay(
+    calls: int = typer.Option(2000, help="Calls per round."),
+    wave: int = typer.Option(200, help="Calls sent at once; the next wave when they are answered."),
+    slow_fraction: float = typer.Option(0.1, help="Share of slow calls."),
+    rounds: int = typer.Option(2, help="Rounds of each relay, alternating."),
+    out: str = typer.Option(
+        "docs/benchmarks.md", help="Markdown file whose sandbox-relay section is rewritten."
+    ),
+) -> None:
+    """Per-call latency through a head and two workers: each call answered as it ends vs. a
+    batch answered when its slowest call ends; writes docs/benchmarks.md."""
+    from rstar.bench.relay import run
+
+    run(calls=calls, wave=wave, slow_fraction=slow_fraction, rounds=rounds, out=out)
 
 
 @app.command()

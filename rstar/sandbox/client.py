@@ -4,7 +4,8 @@
         r = await sb.run("print(sum(range(10)))")            # batched with concurrent calls
         rs = await sb.run_many([ExecRequest("1+1"), ExecRequest("input()", stdin="x")])
 
-Concurrent `run` calls are sent together (up to `batch_size`, or after `batch_window_ms`).
+Concurrent `run` calls are sent together (up to `batch_size`, or after `batch_window_ms`), and
+each is answered as soon as it ends (the service's streaming API), not with its batch's slowest.
 At most `max_inflight` calls are outstanding; more wait (back-pressure). A batch that fails
 in transit (connection refused or reset, 5xx) is retried with backoff (doubling, capped at
 `max_backoff_s`) for as long as one of its calls still waits: until each call's `deadline_s`,
@@ -18,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Callable
+from functools import partial
 
 import aiohttp
 
@@ -27,6 +30,7 @@ from rstar.sandbox.result import (
     ExecResult,
     ExecuteBody,
     Status,
+    decode_answer,
     decode_results,
     encode_json,
 )
@@ -34,6 +38,20 @@ from rstar.sandbox.result import (
 
 class SandboxUnreachable(RuntimeError):
     """The sandbox service does not answer its health check."""
+
+
+STREAM_PATH = "/v1/execute/stream"
+# a line of the stream holds one result, whose output the sandbox caps well below this
+STREAM_LINE_BYTES = 1 << 24
+
+
+async def read_answers(resp: aiohttp.ClientResponse, deliver: Callable[[int, ExecResult], None]):
+    """`deliver(index, result)` for each line of a streaming answer (STREAM_PATH), as it
+    arrives; returns when the service ends the stream."""
+    while line := await resp.content.readline():
+        if line.strip():
+            answer = decode_answer(line)
+            deliver(answer.index, answer.result)
 
 
 def check_health(url: str, timeout_s: float = 10.0) -> None:
@@ -63,6 +81,13 @@ def check_health(url: str, timeout_s: float = 10.0) -> None:
     )
 
 
+def _settle(batch: list[tuple[ExecRequest, asyncio.Future]], attempt: int, i: int, res: ExecResult):
+    """The answer to call `i` of a batch sent on retry number `attempt`."""
+    res.attempts += attempt
+    if not batch[i][1].done():
+        batch[i][1].set_result(res)
+
+
 class SandboxClient:
     def __init__(
         self,
@@ -75,8 +100,11 @@ class SandboxClient:
         backoff_s: float = 0.2,
         max_backoff_s: float = 2.0,
         request_timeout_s: float = 900.0,
+        stream: bool = True,
     ) -> None:
         self.url = url.rstrip("/")
+        # each call of a batch answered as it ends (STREAM_PATH), or the batch when all have
+        self.stream = stream
         self.batch_size, self.window = batch_size, batch_window_ms / 1000
         self.retry_for_s, self.backoff_s, self.max_backoff_s = retry_for_s, backoff_s, max_backoff_s
         self._inflight = asyncio.Semaphore(max_inflight)
@@ -89,7 +117,9 @@ class SandboxClient:
 
     async def __aenter__(self) -> SandboxClient:
         self._http = aiohttp.ClientSession(
-            timeout=self._timeout, connector=aiohttp.TCPConnector(limit=64)
+            timeout=self._timeout,
+            connector=aiohttp.TCPConnector(limit=64),
+            read_bufsize=STREAM_LINE_BYTES,
         )
         self._batcher = asyncio.create_task(self._batch_loop())
         return self
@@ -181,26 +211,29 @@ class SandboxClient:
             waiting = [(r, fut) for r, fut in batch if not fut.done()]
             if not waiting:
                 return
+            deliver = partial(_settle, waiting, attempt)
             try:
                 body = encode_json(ExecuteBody([r for r, _ in waiting]))
+                path = STREAM_PATH if self.stream else "/v1/execute"
                 async with self._http.post(
-                    f"{self.url}/v1/execute", data=body, headers=JSON_HEADERS
+                    f"{self.url}{path}", data=body, headers=JSON_HEADERS
                 ) as resp:
-                    if resp.status < 500:
-                        if resp.status >= 400:
-                            detail = (await resp.json()).get("detail")
-                            results = [
-                                ExecResult.rejected(f"HTTP {resp.status}: {detail}")
-                                for _ in waiting
-                            ]
-                        else:
-                            results = decode_results(await resp.read()).results
-                        for (_, fut), res in zip(waiting, results):
-                            res.attempts += attempt
-                            if not fut.done():
-                                fut.set_result(res)
+                    if 400 <= resp.status < 500:
+                        detail = (await resp.json()).get("detail")
+                        for i in range(len(waiting)):
+                            deliver(i, ExecResult.rejected(f"HTTP {resp.status}: {detail}"))
                         return
-                    error = f"HTTP {resp.status}"
+                    if resp.status < 400 and self.stream:
+                        await read_answers(resp, deliver)
+                        if all(fut.done() for _, fut in waiting):
+                            return
+                        error = "the service ended its answer early"
+                    elif resp.status < 400:
+                        for i, res in enumerate(decode_results(await resp.read()).results):
+                            deliver(i, res)
+                        return
+                    else:
+                        error = f"HTTP {resp.status}"
             except (TimeoutError, aiohttp.ClientError) as e:
                 error = repr(e)
             attempt += 1

@@ -58,6 +58,9 @@ class SandboxConfig:
     batch_size: int = 64
     batch_window_ms: float = 2.0
     send_workers: int = 32
+    # "stream": a node answers each call of a batch as it ends (a slow call holds no other);
+    # "batch": a batch is answered when its slowest call ends (the relay benchmark's baseline)
+    relay: str = "stream"
     max_queue: int = 100_000
 
     def __post_init__(self) -> None:
@@ -68,6 +71,8 @@ class SandboxConfig:
                 raise ValueError(f"sandbox config {f.name} must be {f.type}, got {v!r}")
         if self.isolation not in ("strict", "auto"):
             raise ValueError(f"isolation must be 'strict' or 'auto', not {self.isolation!r}")
+        if self.relay not in ("stream", "batch"):
+            raise ValueError(f"relay must be 'stream' or 'batch', not {self.relay!r}")
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:

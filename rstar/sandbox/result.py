@@ -83,8 +83,17 @@ class ResultsBody(msgspec.Struct):
     results: list[ExecResult]
 
 
+class Answer(msgspec.Struct):
+    """One line of the streaming API's answer (`POST /v1/execute/stream`, NDJSON): the result of
+    the request at `index` of the body, sent as soon as that call ends."""
+
+    index: int
+    result: ExecResult
+
+
 # msgspec encodes and decodes the dataclasses above directly: the hot path skips dicts.
 JSON_HEADERS = {"content-type": "application/json"}
 encode_json = msgspec.json.Encoder().encode
 decode_execute = msgspec.json.Decoder(ExecuteBody).decode
 decode_results = msgspec.json.Decoder(ResultsBody).decode
+decode_answer = msgspec.json.Decoder(Answer).decode

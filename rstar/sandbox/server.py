@@ -24,10 +24,18 @@ import aiohttp
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
-from rstar.sandbox.result import ExecRequest, ExecResult, Status, decode_execute, encode_json
+from rstar.sandbox.client import STREAM_PATH
+from rstar.sandbox.result import (
+    Answer,
+    ExecRequest,
+    ExecResult,
+    Status,
+    decode_execute,
+    encode_json,
+)
 from rstar.sandbox.service import SandboxService
 
 MAX_BODY_BYTES = 256 * 2**20
@@ -231,6 +239,34 @@ def create_app(
         return json_response({"results": await service.run_many(body.requests)})
 
     app.add_route("/v1/execute", execute, methods=["POST"])
+
+    async def execute_stream(request: Request) -> Response:
+        """/v1/execute's calls, each answered by a line (`Answer`, NDJSON) as soon as it ends:
+        a slow call holds no other call of its batch. Used by the client and by a head relaying
+        to its workers."""
+        try:
+            body = decode_execute(await request.body())
+        except msgspec.DecodeError as e:
+            return _unprocessable([_msgspec_problem(e)])
+        _check_sizes(service, [(f"requests.{i}.code", r.code) for i, r in enumerate(body.requests)])
+        futures = await service.submit(body.requests)
+        index = {id(f): i for i, f in enumerate(futures)}
+
+        async def answers():
+            pending = set(futures)
+            try:
+                while pending:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    yield b"".join(
+                        encode_json(Answer(index[id(f)], f.result())) + b"\n" for f in done
+                    )
+            finally:  # the caller went away: nobody takes these results
+                for f in pending:
+                    f.cancel()
+
+        return StreamingResponse(answers(), media_type="application/x-ndjson")
+
+    app.add_route(STREAM_PATH, execute_stream, methods=["POST"])
 
     async def run_submissions(subs: list[Submission], wait_s: float | None) -> list[dict]:
         ids = [s.sub_id or str(uuid.uuid4()) for s in subs]

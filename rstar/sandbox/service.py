@@ -14,10 +14,12 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from rstar.sandbox.client import STREAM_LINE_BYTES, STREAM_PATH, read_answers
 from rstar.sandbox.config import SandboxConfig
 from rstar.sandbox.pool import ExecutorPool
 from rstar.sandbox.result import (
@@ -35,6 +37,9 @@ log = logging.getLogger(__name__)
 
 class NodeLost(Exception):
     pass
+
+
+Deliver = Callable[[int, ExecResult], None]  # (index of the call in its batch, its result)
 
 
 class LocalNode:
@@ -58,6 +63,12 @@ class LocalNode:
 
     async def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]:
         return await self.pool.run_many(reqs)
+
+    async def run_stream(self, reqs: list[ExecRequest], deliver: Deliver) -> None:
+        async def one(i: int, req: ExecRequest) -> None:
+            deliver(i, await self.pool.run(req))
+
+        await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
 
     def describe(self) -> dict:
         return {
@@ -84,7 +95,8 @@ class RemoteNode:
     def _session(self) -> aiohttp.ClientSession:
         if self.http is None:
             self.http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, connect=5.0)
+                timeout=aiohttp.ClientTimeout(total=None, connect=5.0),
+                read_bufsize=STREAM_LINE_BYTES,
             )
         return self.http
 
@@ -118,6 +130,22 @@ class RemoteNode:
                 r.raise_for_status()
                 return decode_results(await r.read()).results
         except (TimeoutError, aiohttp.ClientConnectionError) as e:
+            raise NodeLost(f"{self.url}: {e!r}") from e
+
+    async def run_stream(self, reqs: list[ExecRequest], deliver: Deliver) -> None:
+        """The node answers each call as it ends; those answered before the node is lost stay
+        answered (the caller re-queues the rest)."""
+        try:
+            async with self._session().post(
+                f"{self.url}{STREAM_PATH}",
+                data=encode_json(ExecuteBody(reqs)),
+                headers=JSON_HEADERS,
+            ) as r:
+                if r.status >= 500:
+                    raise NodeLost(f"{self.url}: HTTP {r.status}")
+                r.raise_for_status()
+                await read_answers(r, deliver)
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
             raise NodeLost(f"{self.url}: {e!r}") from e
 
     def describe(self) -> dict:
@@ -229,16 +257,20 @@ class SandboxService:
         return (await self.run_many([ExecRequest(code, stdin, timeout_s, notebook)]))[0]
 
     async def run_many(self, reqs: list[ExecRequest]) -> list[ExecResult]:
+        return list(await asyncio.gather(*await self.submit(reqs)))
+
+    async def submit(self, reqs: list[ExecRequest]) -> list[asyncio.Future]:
+        """Queue `reqs`: a future for each call's result (cancelling one drops its result)."""
         loop = asyncio.get_running_loop()
-        items = []
+        futures = []
         for req in reqs:
             # blocks while max_queue calls are outstanding: back-pressure
             await self._admission.acquire()
             item = _Item(req, loop.create_future(), time.monotonic())
             item.future.add_done_callback(lambda _: self._admission.release())
             self.queue.put_nowait(item)
-            items.append(item)
-        return list(await asyncio.gather(*(i.future for i in items)))
+            futures.append(item.future)
+        return futures
 
     @property
     def queue_depth(self) -> int:
@@ -296,32 +328,49 @@ class SandboxService:
 
     async def _send_worker(self) -> None:
         while True:
-            batch = await self._next_batch()
-            node = await self._pick_node()
-            node.inflight += len(batch)
-            self._batches_inflight += 1
-            try:
-                results = await node.run_batch([i.req for i in batch])
-            except NodeLost as e:
-                log.warning("sandbox node lost, re-queueing %d calls: %s", len(batch), e)
-                node.alive = False
-                self._requeue(batch, str(e))
-                continue
-            except Exception as e:
-                log.exception("sandbox batch failed")
-                results = [
-                    ExecResult(status=Status.KILLED, reason=f"sandbox internal error: {e!r}")
-                ] * len(batch)
-            finally:
-                node.inflight -= len(batch)
-                self._batches_inflight -= 1
-            now = time.monotonic()
-            for item, result in zip(batch, results):
-                result.attempts += item.attempts
-                result.extra["node"] = node.name
-                self.stats.record(result, now - item.enqueued)
-                if not item.future.done():
-                    item.future.set_result(result)
+            await self._dispatch(await self._next_batch())
+
+    async def _dispatch(self, batch: list[_Item]) -> None:
+        """Run `batch` on a node, each call answered as the node answers it (`relay`); what a
+        lost node left unanswered goes back on the queue."""
+        node = await self._pick_node()
+        node.inflight += len(batch)
+        self._batches_inflight += 1
+        waiting = dict(enumerate(batch))  # by index in the batch: not answered yet
+
+        def deliver(i: int, result: ExecResult) -> None:
+            item = waiting.pop(i, None)
+            if item is None:
+                return
+            node.inflight -= 1  # its slot is free for the next batch now
+            result.attempts += item.attempts
+            result.extra["node"] = node.name
+            self.stats.record(result, time.monotonic() - item.enqueued)
+            if not item.future.done():
+                item.future.set_result(result)
+
+        reqs = [i.req for i in batch]
+        try:
+            if self.cfg.relay == "stream":
+                await node.run_stream(reqs, deliver)
+            else:
+                for i, result in enumerate(await node.run_batch(reqs)):
+                    deliver(i, result)
+            if waiting:
+                raise NodeLost(f"{node.name}: answered {len(batch) - len(waiting)} of {len(batch)}")
+        except NodeLost as e:
+            log.warning("sandbox node lost, re-queueing %d calls: %s", len(waiting), e)
+            node.alive = False
+            self._requeue(list(waiting.values()), str(e))
+        except Exception as e:
+            log.exception("sandbox batch failed")
+            for i in list(waiting):
+                deliver(
+                    i, ExecResult(status=Status.KILLED, reason=f"sandbox internal error: {e!r}")
+                )
+        finally:
+            node.inflight -= len(waiting)
+            self._batches_inflight -= 1
 
     def _requeue(self, batch: list[_Item], why: str) -> None:
         for item in batch:

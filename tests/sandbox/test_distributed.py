@@ -12,7 +12,7 @@ import pytest
 
 from rstar.sandbox.client import SandboxClient
 from rstar.sandbox.process import SandboxProcess, free_port
-from rstar.sandbox.result import ExecRequest, Status
+from rstar.sandbox.result import ExecRequest, ExecResult, Status
 from rstar.sandbox.service import SandboxService
 from tests.sandbox.conftest import small_config, wait_until_gone
 
@@ -82,6 +82,34 @@ async def test_a_slow_call_holds_no_other_call_of_its_batch(cluster):
         )
     assert slow >= 3.0
     assert max(quick) < 1.5, quick
+
+
+async def test_a_node_lost_mid_stream_keeps_what_it_answered_and_the_rest_runs_elsewhere():
+    from rstar.sandbox.service import NodeLost
+
+    class AnswersOneThenDies:
+        name, capacity, inflight, alive = "flaky", 1000, 0, True  # picked first: most room
+
+        async def start(self): ...
+
+        async def close(self): ...
+
+        def describe(self):
+            return {"name": self.name, "alive": self.alive}
+
+        async def run_stream(self, reqs, deliver):
+            deliver(0, ExecResult(status=Status.OK, stdout="answered before the loss"))
+            raise NodeLost("flaky: connection reset")
+
+    async with SandboxService(small_config(uid_base=395_000, batch_window_ms=200)) as sb:
+        flaky = AnswersOneThenDies()
+        sb.nodes.insert(0, flaky)
+        results = await sb.run_many([ExecRequest(f"{i} * 2") for i in range(4)])
+    assert results[0].stdout == "answered before the loss" and results[0].attempts == 1
+    assert [r.value for r in results[1:]] == ["2", "4", "6"]
+    assert {r.extra["node"] for r in results[1:]} == {"local"}
+    assert [r.attempts for r in results[1:]] == [2, 2, 2]
+    assert not flaky.alive and flaky.inflight == 0
 
 
 async def test_killing_a_worker_mid_batch_loses_no_call(cluster):
