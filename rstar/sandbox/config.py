@@ -61,6 +61,9 @@ class SandboxConfig:
     # "stream": a node answers each call of a batch as it ends (a slow call holds no other);
     # "batch": a batch is answered when its slowest call ends (the relay benchmark's baseline)
     relay: str = "stream"
+    # a worker node that sends no answer for this long while it holds calls is lost: its calls
+    # go elsewhere (a node that keeps its connection open but stops answering held them for ever)
+    node_silence_s: float = 300.0
     max_queue: int = 100_000
 
     def __post_init__(self) -> None:

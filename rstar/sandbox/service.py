@@ -85,9 +85,10 @@ class LocalNode:
 class RemoteNode:
     """Another sandbox service; its own central queue and executors do the work."""
 
-    def __init__(self, url: str, capacity: int = 256) -> None:
+    def __init__(self, url: str, capacity: int = 256, silence_s: float = 300.0) -> None:
         self.name = self.url = url.rstrip("/")
         self.capacity = capacity
+        self.silence_s = silence_s  # SandboxConfig.node_silence_s
         self.alive = True
         self.inflight = 0
         self.http: aiohttp.ClientSession | None = None
@@ -102,6 +103,10 @@ class RemoteNode:
 
     async def start(self) -> None:
         await self.probe()
+
+    def _silence(self) -> aiohttp.ClientTimeout:
+        """A call's bound: no answer for `silence_s` while it holds calls, and the node is lost."""
+        return aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=self.silence_s)
 
     async def close(self) -> None:
         if self.http:
@@ -123,7 +128,10 @@ class RemoteNode:
     async def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]:
         try:
             async with self._session().post(
-                f"{self.url}/v1/execute", data=encode_json(ExecuteBody(reqs)), headers=JSON_HEADERS
+                f"{self.url}/v1/execute",
+                data=encode_json(ExecuteBody(reqs)),
+                headers=JSON_HEADERS,
+                timeout=self._silence(),
             ) as r:
                 if r.status >= 500:
                     raise NodeLost(f"{self.url}: HTTP {r.status}")
@@ -140,6 +148,7 @@ class RemoteNode:
                 f"{self.url}{STREAM_PATH}",
                 data=encode_json(ExecuteBody(reqs)),
                 headers=JSON_HEADERS,
+                timeout=self._silence(),
             ) as r:
                 if r.status >= 500:
                     raise NodeLost(f"{self.url}: HTTP {r.status}")
@@ -210,7 +219,7 @@ class SandboxService:
     ) -> None:
         self.cfg = cfg or SandboxConfig()
         self.nodes: list[LocalNode | RemoteNode] = [LocalNode(self.cfg)] if local else []
-        self.nodes += [RemoteNode(url) for url in remotes]
+        self.nodes += [RemoteNode(url, silence_s=self.cfg.node_silence_s) for url in remotes]
         self.queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._admission = asyncio.Semaphore(self.cfg.max_queue)  # calls queued or running, at most
         self.stats = Stats()
@@ -245,7 +254,7 @@ class SandboxService:
         for node in self.nodes:
             if isinstance(node, RemoteNode) and node.url == url:
                 return node
-        node = RemoteNode(url)
+        node = RemoteNode(url, silence_s=self.cfg.node_silence_s)
         node.alive = False  # the watcher probes it before any call is sent there
         self.nodes.append(node)
         return node

@@ -112,6 +112,36 @@ async def test_a_node_lost_mid_stream_keeps_what_it_answered_and_the_rest_runs_e
     assert not flaky.alive and flaky.inflight == 0
 
 
+async def test_a_worker_that_holds_its_calls_without_answering_is_left_naming_it():
+    """A node that keeps the connection open and never answers (hung, not dead) loses its
+    calls after `node_silence_s`; they go back on the queue, and after `max_attempts` end
+    with a status naming the node, instead of holding the head's send worker for ever."""
+    from aiohttp import web
+
+    async def health(_):
+        return web.json_response({"status": "ok", "capacity": 8})
+
+    async def never_answer(_):
+        await asyncio.sleep(3600)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/v1/execute/stream", never_answer)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    hung = f"http://127.0.0.1:{port}"
+    try:
+        cfg = small_config(node_silence_s=0.5, max_attempts=2)
+        async with SandboxService(cfg, local=False, remotes=[hung]) as sb:
+            result = await asyncio.wait_for(sb.run("1 + 1"), 30)
+    finally:
+        await runner.cleanup()
+    assert result.status is Status.KILLED and result.attempts == 2
+    assert "lost 2 times with its node" in result.reason and hung in result.reason
+
+
 async def test_killing_a_worker_mid_batch_loses_no_call(cluster):
     head, (doomed, survivor) = cluster
     n = 96
