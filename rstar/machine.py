@@ -31,3 +31,22 @@ def give_back_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+# ATen's x86 kernel sets (the values of ATEN_CPU_CAPABILITY), narrowest first
+KERNEL_SETS = ("default", "avx2", "avx512")
+# the CPU flags each needs, as ATen checks them
+_NEEDS = {"avx2": {"avx2", "fma"}, "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"}}
+
+
+def widest_kernels(flags: set[str] | None = None) -> str:
+    """The widest of ATen's x86 kernel sets this CPU can run (`flags`: its /proc/cpuinfo
+    flags, read when not given)."""
+    if flags is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                line = next(line for line in f if line.startswith("flags"))
+            flags = set(line.split(":", 1)[1].split())
+        except (OSError, StopIteration):
+            return "default"
+    return next(k for k in reversed(KERNEL_SETS) if _NEEDS.get(k, set()) <= flags)

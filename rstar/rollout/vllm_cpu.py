@@ -9,14 +9,32 @@ for ever) or goes unused (the head). With this plugin those layers multiply by t
 at each call (`torch.nn.functional.linear`), so an update copied into the parameters is what the
 next token uses. It can go when vLLM's CPU build reloads packed weights.
 
-It also binds vLLM's compute threads to every core this process may use. vLLM's automatic
-binding keeps one core for its scheduler, which polls without sleeping, and puts the model on
-the rest. On 2 cores that leaves the model one core, which it shares with the agent loop and the
-sandbox. A `VLLM_CPU_OMP_THREADS_BIND` you set yourself wins. Nothing changes on other
-platforms.
+It refuses to start under an `ATEN_CPU_CAPABILITY` narrower than the CPU's kernel set
+(`refuse_narrowed_kernels`). It also binds vLLM's compute threads to every core this process
+may use. vLLM's automatic binding keeps one core for its scheduler, which polls without
+sleeping, and puts the model on the rest. On 2 cores that leaves the model one core, which it
+shares with the agent loop and the sandbox. A `VLLM_CPU_OMP_THREADS_BIND` you set yourself
+wins. Nothing changes on other platforms.
 """
 
 from __future__ import annotations
+
+
+def refuse_narrowed_kernels(chosen: str | None, widest: str | None = None) -> None:
+    """Raise when torch is told to use a kernel set narrower than the CPU's (`widest`, this
+    CPU's when not given): vLLM's CPU build then samples wrong tokens while reporting
+    log-probs that agree with a trainer under the same setting, so nothing downstream notices
+    (measured on an AVX-512 CPU: the tiny SFT model, 64 rollouts, reward 0.000 with
+    ATEN_CPU_CAPABILITY=avx2, about 0.6 without; the HF engine is unaffected)."""
+    from rstar.machine import KERNEL_SETS, widest_kernels
+
+    widest = widest or widest_kernels()
+    chosen = (chosen or "").lower()
+    if chosen in KERNEL_SETS and KERNEL_SETS.index(chosen) < KERNEL_SETS.index(widest):
+        raise RuntimeError(
+            f"ATEN_CPU_CAPABILITY={chosen} is narrower than this CPU's {widest} kernels: vLLM's "
+            "CPU build samples wrong tokens under it; unset it for vLLM (the HF engine takes it)"
+        )
 
 
 def register() -> None:
@@ -25,6 +43,8 @@ def register() -> None:
     if not current_platform.is_cpu():
         return
     import os
+
+    refuse_narrowed_kernels(os.environ.get("ATEN_CPU_CAPABILITY"))
 
     cores = sorted(os.sched_getaffinity(0))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
