@@ -21,7 +21,7 @@ from dataclasses import asdict
 
 from rstar.agent.format import problem_messages
 from rstar.data.io import read_table
-from rstar.rollout.vllm_engine import CPU_KV_CACHE_BYTES
+from rstar.rollout.vllm_engine import cpu_kv_cache_bytes
 from rstar.train.config import StageConfig
 from rstar.train.gpu_sizing import GPUSettings
 
@@ -178,15 +178,23 @@ def verl_overrides(
         # padding needs) has no wheel for this torch; docs/cluster.md, what only a GPU can show
         "actor_rollout_ref.model.use_remove_padding=false",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        *(cpu_overrides(n_gpus * nodes) if device == "cpu" else []),
+        *(
+            cpu_overrides(
+                n_gpus * nodes, model, max_prompt_length + cfg.sampling.max_response_tokens
+            )
+            if device == "cpu"
+            else []
+        ),
         *(gpu.overrides() if gpu else []),
     ]
 
 
-def cpu_overrides(processes: int) -> list[str]:
+def cpu_overrides(processes: int, model: str, max_model_len: int) -> list[str]:
     """verl's trainer on the CPU (rstar.train.verl_cpu): FSDP2 in float32, vLLM's CPU build as
     the rollout, no torch.compile, one agent-loop worker and `processes` training processes (Ray
-    slots, see verl_cpu)."""
+    slots, see verl_cpu). vLLM's context is the stage's (`max_model_len`: prompt and response
+    budgets), not the model's own longest, and its KV cache is sized for it from the model's
+    shape: SmolLM2's 8,192 tokens with a fixed 256 MiB cache made vLLM refuse to start."""
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     return [
         "trainer.device=cpu",
@@ -198,7 +206,9 @@ def cpu_overrides(processes: int) -> list[str]:
         f"{rollout}.free_cache_engine=false",
         f"{rollout}.enforce_eager=true",
         f"{rollout}.dtype=float32",
-        f"+{rollout}.engine_kwargs.vllm.kv_cache_memory_bytes={CPU_KV_CACHE_BYTES}",
+        f"{rollout}.max_model_len={max_model_len}",
+        f"+{rollout}.engine_kwargs.vllm.kv_cache_memory_bytes="
+        f"{cpu_kv_cache_bytes(model, max_model_len)}",
         f"{actor}.fsdp_config.dtype=float32",
         f"+{actor}.fsdp_config.mixed_precision={FP32}",
         f"{actor}.use_torch_compile=false",

@@ -2,6 +2,8 @@
 schema), dataset rows, RoC inside verl's training step on verl's DataProto and advantages.
 verl's trainer itself runs in test_verl_run.py."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -492,3 +494,30 @@ def test_verl_loads_the_projects_modules_in_every_process_on_either_device():
         "rstar.train.verl_cpu",
         "rstar.train.verl_resume",
     ]
+
+
+def test_on_the_cpu_vllm_gets_the_stages_context_and_a_kv_cache_sized_for_it(tmp_path):
+    """SmolLM2's shape: its own 8,192-token context with the fixed 256 MiB cache made vLLM
+    refuse to start; the stage's prompt + response budget and a cache sized from the model's
+    shape for it is what verl's composed config hands vLLM."""
+    from transformers import LlamaConfig
+
+    from rstar.rollout.vllm_engine import CPU_KV_SEQUENCES
+
+    LlamaConfig(
+        num_hidden_layers=30,
+        hidden_size=576,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=8192,
+    ).save_pretrained(tmp_path)
+    stage = replace(STAGE, sampling=replace(STAGE.sampling, max_response_tokens=4096))
+    cfg = compose_verl(
+        placeholder_overrides(stage, model=str(tmp_path), device="cpu", max_prompt_length=1024)
+    )
+    rollout = cfg.actor_rollout_ref.rollout
+    assert rollout.max_model_len == 1024 + 4096
+    per_token = 30 * 2 * 3 * 64 * 4  # layers x (K, V) x KV heads x head dim x float32
+    kv = rollout.engine_kwargs.vllm.kv_cache_memory_bytes
+    assert kv == CPU_KV_SEQUENCES * (1024 + 4096) * per_token
