@@ -2,7 +2,7 @@
 
 An unknown key, a wrong type or a missing input file is one error naming the file and the
 key path (`rl.1.sampling.max_turns`) or the path that does not exist. The trainers' own dataclasses
-(SFTConfig, StageConfig, RoCConfig, EvalConfig, Sampling) are the schema of their sections, so a
+(SFTConfig, RLConfig, RoCConfig, EvalConfig, Sampling) are the schema of their sections, so a
 field added to a trainer is a field of the recipe.
 """
 
@@ -30,7 +30,7 @@ from rstar.eval.benchmarks import BENCHMARKS
 from rstar.eval.config import EvalConfig
 from rstar.pipeline.records import StageInputs
 from rstar.pipeline.verdict import Expect
-from rstar.train.config import SFTConfig, StageConfig
+from rstar.train.config import RLConfig, SFTConfig
 
 
 class ConfigError(NotRetryable, ValueError):
@@ -164,7 +164,7 @@ class Recipe(_Strict):
     train_problems: ProblemSet
     eval_problems: ProblemSet
     sft: SFTSection = SFTSection()
-    rl: list[StageConfig]
+    rl: list[RLConfig]
     mine: MineSection = MineSection()
     eval: EvalConfig = EvalConfig()
     expect: Expect = Expect()  # what the final verdict calls learning (rstar.pipeline.verdict)

@@ -11,6 +11,8 @@ from rstar.algo.roc import RoCConfig
 
 @dataclass
 class SFTConfig:
+    """The non-reasoning SFT stage: a recipe's `sft` section's training settings."""
+
     # a recipe (rstar.pipeline.config) may not add unknown keys
     __pydantic_config__ = {"extra": "forbid"}
     epochs: int = 3
@@ -32,7 +34,9 @@ class SFTConfig:
 
 
 @dataclass
-class StageConfig:
+class RLConfig:
+    """One GRPO-RoC stage: an entry of a recipe's `rl` list (rl1, rl2, rl3 in the paper)."""
+
     # a recipe (rstar.pipeline.config) may not add unknown keys
     __pydantic_config__ = {"extra": "forbid"}
     name: str = "rl1"

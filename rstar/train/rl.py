@@ -22,7 +22,7 @@ from rstar.reward.score import BatchScorer
 from rstar.rollout.hf_engine import HFEngine
 from rstar.rollout.runner import sample, score, summarize, tool_error_rate
 from rstar.storage import dirs
-from rstar.train.config import StageConfig
+from rstar.train.config import RLConfig
 
 STATE = "trainer_state.pt"
 
@@ -74,7 +74,7 @@ def _timed(seconds: dict[str, float], phase: str):
         seconds[phase] = time.monotonic() - start
 
 
-def optimizer_and_schedule(model, cfg: StageConfig):
+def optimizer_and_schedule(model, cfg: RLConfig):
     """AdamW, and a learning rate that warms up linearly from 1/warmup_steps, then stays
     constant."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -86,7 +86,7 @@ def optimizer_and_schedule(model, cfg: StageConfig):
 async def train_from(
     model_dir: str,
     problems: list[dict],
-    cfg: StageConfig,
+    cfg: RLConfig,
     out_dir: str,
     on_step: Callable[[int, dict], None] | None = None,
     **trainer_kw,
@@ -114,12 +114,12 @@ async def train_from(
         return trainer
 
 
-def loop_config(cfg: StageConfig) -> LoopConfig:
+def loop_config(cfg: RLConfig) -> LoopConfig:
     """The agent loop's settings of an RL stage: what its rollouts are sampled with."""
     return LoopConfig(cfg.sampling, cfg.prompt_style)
 
 
-def step_prompts(problems: list[dict], cfg: StageConfig, step: int) -> list[dict]:
+def step_prompts(problems: list[dict], cfg: RLConfig, step: int) -> list[dict]:
     """The problems a stage trains on at `step`: a draw of its seed, name and step alone, so a
     resumed stage (and a benchmark of the same stage) sees the same prompts."""
     rng = random.Random(f"{cfg.seed}/{cfg.name}/{step}")
@@ -139,7 +139,7 @@ class RLTrainer:
         tokenizer,
         problems: list[dict],
         sandbox,
-        cfg: StageConfig,
+        cfg: RLConfig,
         out_dir: str,
         on_step: Callable[[int, dict], None] | None = None,
         trajectories: str | None = None,

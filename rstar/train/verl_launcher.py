@@ -22,7 +22,7 @@ from dataclasses import asdict
 from rstar.agent.format import problem_messages
 from rstar.data.io import read_table
 from rstar.rollout.vllm_engine import cpu_kv_cache_bytes
-from rstar.train.config import StageConfig
+from rstar.train.config import RLConfig
 from rstar.train.gpu_sizing import GPUSettings
 
 # the prompt length verl pads to when it cannot be measured (no model on local disk, a plan)
@@ -55,7 +55,7 @@ def _hydra_dict(values: dict) -> str:
 
 
 def verl_overrides(
-    cfg: StageConfig,
+    cfg: RLConfig,
     *,
     model: str,
     train_files: str,
@@ -270,14 +270,14 @@ def merge_command(checkpoint: str, target: str) -> list[str]:
     ]
 
 
-def verl_command(cfg: StageConfig, **kwargs) -> list[str]:
+def verl_command(cfg: RLConfig, **kwargs) -> list[str]:
     """`python -m rstar.train.verl_trainer` (verl's main_ppo with RoC) with the overrides for
     `cfg` (kwargs: verl_overrides')."""
     return [sys.executable, "-m", "rstar.train.verl_trainer", *verl_overrides(cfg, **kwargs)]
 
 
 def build_verl_run(
-    cfg: StageConfig,
+    cfg: RLConfig,
     *,
     model: str,
     problems: str,

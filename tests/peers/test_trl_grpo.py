@@ -85,10 +85,10 @@ def test_trl_trains_with_the_sandbox_as_its_tool(tiny_dir, tmp_path):
     from rstar.agent.sampling import Sampling
     from rstar.algo.roc import RoCConfig
     from rstar.data import synth
-    from rstar.train.config import StageConfig
+    from rstar.train.config import RLConfig
 
     problems = synth.generate(16, seed=0, levels=(1,), families=["big_product"])
-    cfg = StageConfig(
+    cfg = RLConfig(
         steps=2,
         prompts_per_step=2,
         roc=RoCConfig(group_size=2),

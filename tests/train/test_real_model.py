@@ -12,7 +12,7 @@ from rstar.agent.format import IM_END, STYLES, render
 from rstar.agent.sampling import Sampling
 from rstar.algo.roc import RoCConfig
 from rstar.data import sft as sft_data
-from rstar.train.config import SFTConfig, StageConfig
+from rstar.train.config import RLConfig, SFTConfig
 from rstar.train.rl import RLTrainer
 from rstar.train.sft import encode_example, train_sft
 
@@ -61,7 +61,7 @@ async def test_sft_then_rollouts_with_tool_calls_then_one_rl_update(
     ]
     problems = [{**p, "answer": str(p["answer"])} for p in problems]
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    cfg = StageConfig(
+    cfg = RLConfig(
         steps=1,
         prompts_per_step=2,
         roc=RoCConfig(group_size=2),

@@ -11,13 +11,13 @@ import torch
 from rstar.agent.sampling import Sampling
 from rstar.algo.roc import RoCConfig
 from rstar.data import synth
-from rstar.train.config import StageConfig
+from rstar.train.config import RLConfig
 from rstar.train.rl import RLTrainer
 from tests.conftest import product_problems
 
 
 def cfg(steps):
-    return StageConfig(
+    return RLConfig(
         steps=steps,
         prompts_per_step=2,
         roc=RoCConfig(group_size=2),
@@ -32,7 +32,7 @@ def scoring_cfg(steps):
     """For `tiny_sft` on `product_problems`: groups with a reward signal at every step, and a
     warm-up longer than the run, so each step's learning rate differs (a resume that loses the
     schedule shows in the weights)."""
-    return StageConfig(
+    return RLConfig(
         steps=steps,
         prompts_per_step=4,
         roc=RoCConfig(group_size=2),

@@ -13,10 +13,10 @@ from rstar.algo.roc import RoCConfig
 from rstar.data import synth
 from rstar.data.io import write_table
 from rstar.pipeline.plan import compose_verl
-from rstar.train.config import StageConfig
+from rstar.train.config import RLConfig
 from rstar.train.verl_launcher import build_verl_run, to_verl_rows, verl_overrides
 
-STAGE = StageConfig(
+STAGE = RLConfig(
     name="rl1",
     steps=300,
     prompts_per_step=512,
@@ -28,7 +28,7 @@ STAGE = StageConfig(
 )
 
 
-def placeholder_overrides(stage: StageConfig = STAGE, **kw) -> list[str]:
+def placeholder_overrides(stage: RLConfig = STAGE, **kw) -> list[str]:
     """`verl_overrides` with placeholder paths, for tests about the rest of the command."""
     paths = {"model": "m", "train_files": "t", "agent_loop_config": "a", "sandbox_url": "s"}
     return verl_overrides(stage, **{**paths, "out_dir": "o", "n_gpus": 8, **kw})
@@ -238,7 +238,7 @@ def test_a_fresh_verl_stage_takes_the_previous_stages_optimizer_state_unless_it_
         )
     carry = placeholder_overrides(optimizer_from=str(previous))
     assert f"+rstar.optimizer_from={previous}" in carry
-    reset = StageConfig(name="rl3", reset_optimizer=True)
+    reset = RLConfig(name="rl3", reset_optimizer=True)
     assert not any(
         "optimizer_from" in o for o in placeholder_overrides(reset, optimizer_from=str(previous))
     )

@@ -20,7 +20,7 @@ import pytest
 from rstar.agent.sampling import Sampling
 from rstar.algo.roc import RoCConfig
 from rstar.data.io import read_table
-from rstar.train.config import StageConfig
+from rstar.train.config import RLConfig
 from tests.conftest import product_problems
 
 PROMPTS, G, STEPS = 8, 2, 2
@@ -68,7 +68,7 @@ def run_verl(
         for p in product_problems(PROMPTS * steps)
     ]
     problems = write_table(rows, str(tmp_path / "problems.parquet"), "problems")
-    stage = StageConfig(
+    stage = RLConfig(
         name=name,
         steps=steps,
         prompts_per_step=PROMPTS,

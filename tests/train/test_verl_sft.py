@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from rstar.train.config import SFTConfig, StageConfig
+from rstar.train.config import RLConfig, SFTConfig
 from rstar.train.sft import encode_example
 from tests.train.test_verl_run import merged_changes, metrics_by_step
 
@@ -67,7 +67,7 @@ def test_sft_on_gpus_uses_the_attention_the_gpu_lock_has():
     assert "+model.override_config.attn_implementation=sdpa" in sft
     assert "model.use_remove_padding=false" in sft
     rl = verl_overrides(
-        StageConfig(name="rl1"),
+        RLConfig(name="rl1"),
         model=BASE,
         train_files="x.parquet",
         agent_loop_config="a.yaml",

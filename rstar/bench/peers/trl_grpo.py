@@ -19,7 +19,7 @@ from rstar.agent.format import CHAT_TEMPLATE, EOS, IM_END, STYLES, TOOL_NAME, sa
 from rstar.agent.loop import LoopConfig, tool_response
 from rstar.reward.score import BatchScorer, ScoreItem
 from rstar.sandbox.result import ExecRequest
-from rstar.train.config import StageConfig
+from rstar.train.config import RLConfig
 from rstar.train.rl import optimizer_and_schedule
 
 _FLAT_CALL = "({'name': c.name, 'arguments': c.arguments} | tojson)"
@@ -44,7 +44,7 @@ def _completion_text(messages: list[dict]) -> str:
 def train_trl(
     model_dir: str,
     problems: list[dict],
-    cfg: StageConfig,
+    cfg: RLConfig,
     out_dir: str,
     *,
     loop: LoopConfig,
