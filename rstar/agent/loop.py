@@ -93,11 +93,6 @@ class Trajectory:
         return sum(c.is_error for c in self.tool_calls)
 
     @property
-    def num_sandbox_failures(self) -> int:
-        """Calls the sandbox never ran (rstar.rollout.runner.sandbox_failure_rate)."""
-        return sum(c.status == Status.REJECTED.value for c in self.tool_calls)
-
-    @property
     def num_answers(self) -> int:
         return self.response_text.count("<answer>")
 

@@ -152,7 +152,6 @@ class RStarAgentLoop(AgentLoopBase):
                 "rstar_num_answers": traj.num_answers,
                 "rstar_num_tool_calls": len(traj.tool_calls),
                 "rstar_num_tool_errors": traj.num_tool_errors,
-                "rstar_num_sandbox_failures": traj.num_sandbox_failures,
                 "rstar_truncated": traj.truncated,
                 ROW_FIELD: json.dumps(
                     {

@@ -28,6 +28,7 @@ from rstar.pipeline.records import Evaluation, StageInputs, StageOutput, Stored
 from rstar.storage import dirs, filesystem, is_remote
 from rstar.tracking.digest import digest
 from rstar.tracking.mlflow_log import EVAL_LABEL
+from rstar.train.metrics import namespaced
 
 logger = logging.getLogger(__name__)
 
@@ -273,7 +274,7 @@ def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) 
     clock = StepClock(cfg.steps, stage)
 
     def on_step(step: int, metrics: dict) -> None:
-        log.metrics(step, metrics, prefix=f"{stage}/")
+        log.metrics(step, namespaced(metrics))  # the names verl's stages log too
         clock.tick(
             step,
             f"accuracy {metrics['accuracy']:.3f} tool errors {metrics['tool_error_rate']:.3f} (in "

@@ -240,7 +240,14 @@ def summarize(records: list[dict], wall_s: float | None = None) -> dict:
     n = len(records) or 1
     calls = sum(r["num_tool_calls"] for r in records)
     lengths = sorted(r["response_len"] for r in records) or [0]
-    entropies = [e for r in records for e, m in zip(r["entropies"], r["response_mask"]) if m]
+    # over model tokens of the rows that carry entropies (verl's rollout gives none)
+    entropies = [
+        e
+        for r in records
+        if r["entropies"]
+        for e, m in zip(r["entropies"], r["response_mask"])
+        if m
+    ]
     out = {
         "rollouts": len(records),
         "reward_mean": sum(r["reward"] for r in records) / n,

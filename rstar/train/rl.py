@@ -20,9 +20,10 @@ from rstar.algo.roc import Rollout, keep_indices
 from rstar.data.io import write_table
 from rstar.reward.score import BatchScorer
 from rstar.rollout.hf_engine import HFEngine
-from rstar.rollout.runner import sample, score, summarize, tool_error_rate
+from rstar.rollout.runner import sample, score
 from rstar.storage import dirs
 from rstar.train.config import RLConfig
+from rstar.train.metrics import summarize_step
 
 STATE = "trainer_state.pt"
 
@@ -372,18 +373,3 @@ def _mini_batches(group_ids: list[str], n: int) -> list[list[int]]:
     per = -(-len(groups) // n)
     chunks = [set(groups[i : i + per]) for i in range(0, len(groups), per)]
     return [[j for j, g in enumerate(group_ids) if g in chunk] for chunk in chunks]
-
-
-def summarize_step(records: list[dict], kept: list[dict]) -> dict:
-    """Rollout metrics plus the tool-error rate inside correct trajectories: among all sampled
-    (what the policy does: the paper's measure, which RoC is meant to drive down) and among
-    those RoC kept for the update (lower by selection alone)."""
-    metrics = {k: v for k, v in summarize(records).items() if k != "finish_reasons"}
-    for name, rows in (("positive", records), ("positive_kept", kept)):
-        rows = [r for r in rows if r["reward"] > 0]
-        metrics[f"tool_error_rate_{name}"] = tool_error_rate(rows)
-        # the counts behind the rate, so that rates over several steps or seeds can be pooled
-        metrics[f"tool_calls_{name}"] = sum(r["num_tool_calls"] for r in rows)
-        metrics[f"tool_errors_{name}"] = sum(r["num_tool_errors"] for r in rows)
-    metrics["kept"] = len(kept)
-    return metrics

@@ -9,10 +9,10 @@ before old log-probs and advantages: the one place where keeping G of 2G rollout
 nothing else of verl's step. So this module subclasses the legacy trainer:
 
 - `_balance_batch`: RoC (`rstar.algo.roc.keep_indices`, the local trainer's selection) drops
-  the rows in place, logs `roc/*` metrics (sampled, kept, p_err/p_format of kept positives,
-  tool-error rate in correct trajectories sampled and kept), then verl balances what is left;
-  before the drop, every sampled rollout is written as the local trainer writes them
-  (`rstar.trajectories`: rstar.train.verl_trajectories);
+  the rows in place, then verl balances what is left; before the drop, the step's rollouts
+  become trajectory rows (rstar.train.verl_trajectories), written as the local trainer writes
+  them (`rstar.trajectories`), whose figures are logged under the local trainer's names
+  (rstar.train.metrics: `rollout/*`, `roc/*`), with the p_err/p_format of the kept positives;
 - `_update_actor`: PPO mini-batches are `ppo_mini_batch_size` prompts of the *kept* group size;
 - `WeightSyncWithDeadline` (verl's `rollout.checkpoint_manager_class`): verl's weight sync to
   the rollout replicas, ended with an error naming the engine and the step when it does not
@@ -49,7 +49,8 @@ from verl.utils.ray_utils import auto_await
 from rstar.algo.roc import RoCConfig, Rollout, keep_indices
 from rstar.data.io import write_table
 from rstar.logs import configure
-from rstar.train.verl_trajectories import trajectory_table
+from rstar.train.metrics import namespaced, summarize_step
+from rstar.train.verl_trajectories import TOKEN_COLUMNS, trajectory_table
 
 log = logging.getLogger(__name__)
 
@@ -72,42 +73,24 @@ def rollouts_of(batch: DataProto) -> list[Rollout]:
     ]
 
 
-def _error_rate(rows: list[Rollout]) -> float:
-    calls = sum(r.num_tool_calls for r in rows)
-    return sum(r.num_tool_errors for r in rows) / calls if calls else 0.0
-
-
 def roc_selection(
     batch: DataProto, cfg: RoCConfig, rng: random.Random
 ) -> tuple[list[int], dict[str, float]]:
-    """The indices of the rows of `batch` RoC keeps, and the step's `roc/*` metrics."""
+    """The indices of the rows of `batch` RoC keeps, and the mean penalties of the correct
+    rollouts it kept (what its weighting acts on; the step's other figures are
+    rstar.train.metrics', from the trajectory rows)."""
     rollouts = rollouts_of(batch)
-    failures = int(np.sum(batch.non_tensor_batch["rstar_num_sandbox_failures"]))
     kept_idx = sorted(keep_indices(rollouts, cfg, rng))
     if not kept_idx:
         raise ValueError(
             "RoC kept no rollout of this step (every group was dropped): nothing to train on"
         )
-    kept = [rollouts[i] for i in kept_idx]
-    pos, pos_kept = [r for r in rollouts if r.reward > 0], [r for r in kept if r.reward > 0]
-    calls = sum(r.num_tool_calls for r in rollouts)
+    pos_kept = [rollouts[i].sample() for i in kept_idx if rollouts[i].reward > 0]
     return kept_idx, {
-        "roc/sampled": len(rollouts),
-        "roc/kept": len(kept),
-        # the sandbox failing (never ran the call), apart from the errors in the model's code
-        "tool/sandbox_failure_rate": failures / calls if calls else 0.0,
-        "tool/code_error_rate": (sum(r.num_tool_errors for r in rollouts) - failures) / calls
-        if calls
-        else 0.0,
-        "roc/accuracy_sampled": len(pos) / len(rollouts),
-        "roc/p_err_kept_positive": float(np.mean([r.sample().p_err for r in pos_kept]))
+        "roc/p_err_kept_positive": float(np.mean([s.p_err for s in pos_kept])) if pos_kept else 0.0,
+        "roc/p_format_kept_positive": float(np.mean([s.p_format for s in pos_kept]))
         if pos_kept
         else 0.0,
-        "roc/p_format_kept_positive": float(np.mean([r.sample().p_format for r in pos_kept]))
-        if pos_kept
-        else 0.0,
-        "roc/tool_error_rate_positive": _error_rate(pos),
-        "roc/tool_error_rate_positive_kept": _error_rate(pos_kept),
     }
 
 
@@ -123,21 +106,21 @@ class RoCTrainer(RayPPOTrainer):
         self, batch: DataProto, metrics, logging_prefix="global_seqlen", keep_minibatch=False
     ):
         seed = int(self.config.rstar.get("seed", 0))
+        stage, step = self.config.trainer.experiment_name, self.global_steps
         kept, roc_metrics = roc_selection(
-            batch, roc_config(self.config), random.Random(f"{seed}/{self.global_steps}/roc")
+            batch, roc_config(self.config), random.Random(f"{seed}/{step}/roc")
         )
-        metrics.update(roc_metrics)
+        # every rollout sampled, before RoC drops rows: the step's trajectory file and its
+        # figures, computed and named as the local trainer's (rstar.train.metrics)
+        start = time.perf_counter()
+        table = trajectory_table(batch, stage, step, set(kept))
         where = self.config.rstar.get("trajectories")
-        if where:  # every rollout sampled, before RoC drops rows
-            start = time.perf_counter()
-            write_table(
-                trajectory_table(
-                    batch, self.config.trainer.experiment_name, self.global_steps, set(kept)
-                ),
-                f"{where}/step={self.global_steps:05d}.parquet",
-                "trajectories",
-            )
-            metrics["timing_s/rstar_trajectories"] = time.perf_counter() - start
+        if where:
+            write_table(table, f"{where}/step={step:05d}.parquet", "trajectories")
+        rows = table.drop_columns(list(TOKEN_COLUMNS)).to_pylist()
+        metrics.update(roc_metrics)
+        metrics.update(namespaced(summarize_step(rows, [r for r in rows if r["kept"]])))
+        metrics["timing_s/rstar_trajectories"] = time.perf_counter() - start
         sub = batch.select_idxs(np.array(kept, dtype=np.int64))
         batch.batch, batch.non_tensor_batch = sub.batch, sub.non_tensor_batch
         return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)

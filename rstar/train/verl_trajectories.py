@@ -21,6 +21,9 @@ import torch
 from rstar.agent.verl_adapter import ROW_FIELD
 from rstar.data.schema import schema
 
+# the columns of a row that hold one entry per token (entropies are empty here)
+TOKEN_COLUMNS = ("prompt_ids", "response_ids", "response_mask", "log_probs")
+
 
 def ragged(values: torch.Tensor, valid: torch.Tensor) -> pa.ListArray:
     """The entries of each row of `values` where `valid` is 1, in order, as one list per row."""

@@ -168,7 +168,7 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
     assert set(children) == set(STAGES)
     assert all(r.info.status == "FINISHED" for r in children.values())
     assert children["rl1"].data.params["rl.steps"] == "3"  # the resolved config as params
-    history = c.get_metric_history(children["rl1"].info.run_id, "rl1/accuracy")
+    history = c.get_metric_history(children["rl1"].info.run_id, "rollout/accuracy")
     assert [m.step for m in history] == [1, 2, 3]  # per-step trainer metrics
     # rl1 earns reward of both kinds and its updates move the weights: the kill and resume
     # tests below compare something a lost checkpoint would change
@@ -422,7 +422,7 @@ def test_a_killed_stage_is_retried_and_resumes_from_its_checkpoint(
         and rl1[0].data.tags["rstar.attempts"] == "2"
     )
     assert sorted(
-        {m.step for m in c.get_metric_history(rl1[0].info.run_id, "rl1/accuracy")}
+        {m.step for m in c.get_metric_history(rl1[0].info.run_id, "rollout/accuracy")}
     ) == list(range(1, recipe.rl[0].steps + 1))
     _check_trajectories(recipe, outs)
 
@@ -527,7 +527,7 @@ def test_a_pipeline_killed_mid_stage_is_reconciled_and_continued_by_the_next_run
         and rl1[0].data.tags["mlflow.parentRunId"] != old.info.run_id
     )
     assert sorted(
-        {m.step for m in c.get_metric_history(rl1[0].info.run_id, "rl1/accuracy")}
+        {m.step for m in c.get_metric_history(rl1[0].info.run_id, "rollout/accuracy")}
     ) == list(range(1, recipe.rl[0].steps + 1))
     _check_trajectories(
         recipe,

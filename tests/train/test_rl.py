@@ -233,7 +233,7 @@ async def test_mini_batches_take_several_optimizer_steps_per_rollout_batch(
 def test_tool_errors_in_correct_trajectories_sampled_and_kept():
     """The ablation's measure is over every correct trajectory sampled (the policy's behaviour);
     the kept ones are reported beside it, and only correct ones count in either."""
-    from rstar.train.rl import summarize_step
+    from rstar.train.metrics import summarize_step
 
     def rec(reward, calls, errors, rejected=0):
         statuses = (

@@ -2,6 +2,7 @@
 schema), dataset rows, RoC inside verl's training step on verl's DataProto and advantages.
 verl's trainer itself runs in test_verl_run.py."""
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -118,8 +119,11 @@ def test_build_writes_dataset_and_agent_loop_files(tmp_path):
 
 def agent_loop_batch(n_prompts: int = 2, per_prompt: int = 8, width: int = 6):
     """A step's batch as verl's agent loop hands it to the trainer: rewards in `rm_scores` (at
-    each response's last token), masks, and the loop's RoC counts in `rstar_*` fields."""
+    each response's last token), masks, the loop's RoC counts in `rstar_*` fields and each
+    rollout's trajectory row (ROW_FIELD)."""
     from verl.protocol import DataProto
+
+    from rstar.agent.verl_adapter import ROW_FIELD
 
     n = n_prompts * per_prompt
     rewards = torch.tensor([1, 1, 1, 0, 0, 0, 0, 0] * n_prompts, dtype=torch.float32)[:n]
@@ -127,23 +131,44 @@ def agent_loop_batch(n_prompts: int = 2, per_prompt: int = 8, width: int = 6):
     mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
     scores = torch.zeros(n, width)
     scores[torch.arange(n), lengths - 1] = rewards
+    # per prompt: the three correct rollouts make 2 calls each, 4 of them errors, one of which
+    # the sandbox's (it never ran the call); the five wrong ones one clean call each
+    calls = [["ok", "ok"], ["rejected", "error"], ["error", "error"]] + [["ok"]] * 5
+    uids = np.repeat(np.array([f"p{i}" for i in range(n_prompts)], dtype=object), per_prompt)
+    rows = [
+        json.dumps(
+            {
+                "problem_id": uid,
+                "prompt_text": "q",
+                "answer": None,
+                "response_text": "r",
+                "finish_reason": "answered",
+                "turns": 3,
+                "num_answers": 1,
+                "num_tool_calls": len(c),
+                "num_tool_errors": sum(s != "ok" for s in c),
+                "tool_calls": json.dumps([{"status": s} for s in c]),
+                "generate_s": 0.0,
+                "tool_s": 0.0,
+            }
+        )
+        for uid, c in zip(uids, calls * n_prompts)
+    ]
     return DataProto.from_dict(
         tensors={
             "rm_scores": scores,
+            "prompts": torch.ones(n, 2).long(),
             "response_mask": mask,
             "attention_mask": torch.cat([torch.ones(n, 2).long(), mask], 1),
             "responses": torch.arange(n * width).view(n, width),
         },
         non_tensors={
-            "uid": np.repeat(
-                np.array([f"p{i}" for i in range(n_prompts)], dtype=object), per_prompt
-            ),
-            "rstar_num_tool_calls": np.array([2, 2, 2, 1, 1, 1, 1, 1] * n_prompts)[:n],
+            "uid": uids,
+            "rstar_num_tool_calls": np.array([len(c) for c in calls] * n_prompts)[:n],
             "rstar_num_tool_errors": np.array([0, 2, 2, 0, 0, 0, 0, 0] * n_prompts)[:n],
-            # one of those errors the sandbox's (it never ran the call), per prompt
-            "rstar_num_sandbox_failures": np.array([0, 1, 0, 0, 0, 0, 0, 0] * n_prompts)[:n],
             "rstar_num_answers": np.ones(n, dtype=int),
             "rstar_turns": np.full(n, 3),
+            ROW_FIELD: np.array(rows, dtype=object),
         },
     )
 
@@ -163,6 +188,7 @@ def test_roc_in_verls_step_then_verls_own_grpo_advantages():
     trainer.config = OmegaConf.create(
         {
             "rstar": {"roc_mode": "roc", "group_size": 4, "seed": 0},
+            "trainer": {"experiment_name": "rl1"},
             "actor_rollout_ref": {"rollout": {"n": 8}, "actor": {"ppo_mini_batch_size": 2}},
         }
     )
@@ -172,7 +198,7 @@ def test_roc_in_verls_step_then_verls_own_grpo_advantages():
     batch, metrics = agent_loop_batch(), {}
     original = {tuple(r.tolist()) for r in batch.batch["responses"]}
     trainer._balance_batch(batch, metrics)
-    assert len(batch) == 8 and metrics["roc/sampled"] == 16 and metrics["roc/kept"] == 8
+    assert len(batch) == 8 and metrics["rollout/rollouts"] == 16 and metrics["roc/kept"] == 8
     uids = list(batch.non_tensor_batch["uid"])
     assert uids.count("p0") == 4 and uids.count("p1") == 4
     assert {
@@ -180,13 +206,13 @@ def test_roc_in_verls_step_then_verls_own_grpo_advantages():
     } <= original  # whole rows, nothing mixed
     # 3 of 8 positives sampled per prompt -> floor(4 * 3/8 + 0.5) = 2 kept; clean ones preferred
     # (weight 10 vs 0.48)
-    assert metrics["roc/accuracy_sampled"] == 3 / 8
+    # the step's figures under the names the local trainer logs (rstar.train.metrics)
+    assert metrics["rollout/accuracy"] == 3 / 8
     assert metrics["roc/tool_error_rate_positive"] == 4 / 6
     assert metrics["roc/tool_error_rate_positive_kept"] <= metrics["roc/tool_error_rate_positive"]
     # over all 16 sampled: 22 calls, 8 errors, 2 of them the sandbox's
-    assert (
-        metrics["tool/sandbox_failure_rate"] == 2 / 22 and metrics["tool/code_error_rate"] == 6 / 22
-    )
+    assert metrics["rollout/tool_error_rate"] == 8 / 22
+    assert metrics["rollout/sandbox_failure_rate"] == 2 / 22
     assert "global_seqlen/min" in metrics  # then verl's own balancing ran on what was kept
     batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
     out = compute_advantage(batch, adv_estimator="grpo", num_repeat=4, config=OmegaConf.create({}))

@@ -125,8 +125,8 @@ def verl_steps(
     # verl routed through the project's balancer
     assert f"[rstar] KV-balanced load balancer over {processes} replica(s)" in log
     for m in by_step.values():  # RoC inside verl's step: 2G sampled per prompt, G kept
-        print({k: v for k, v in m.items() if k.startswith("roc/")}, flush=True)
-        assert m["roc/sampled"] == PROMPTS * 2 * G and m["roc/kept"] == PROMPTS * G
+        print({k: v for k, v in m.items() if k.startswith(("roc/", "rollout/"))}, flush=True)
+        assert m["rollout/rollouts"] == PROMPTS * 2 * G and m["roc/kept"] == PROMPTS * G
         # verl's own update ran on what was kept
         assert "actor/pg_loss" in m and "timing_s/update_actor" in m
         # the rollout engine sampled with the actor's weights: its log-probs are the actor's
@@ -135,14 +135,14 @@ def verl_steps(
         assert m["training/rollout_probs_diff_max"] < (1e-3 if device == "cpu" else 0.1), m
         assert m["training/rollout_actor_probs_pearson_corr"] > 0.99, m
     # real reward: some rollouts solved it
-    assert max(m["roc/accuracy_sampled"] for m in by_step.values()) > 0
+    assert max(m["rollout/accuracy"] for m in by_step.values()) > 0
     # every rollout sampled, one file per step, as the local trainer writes them
     for step, m in by_step.items():
         rows = read_table(
             str(tmp_path / "trajectories" / f"step={step:05d}.parquet"), "trajectories"
         ).to_pylist()
-        assert len(rows) == m["roc/sampled"] and sum(r["kept"] for r in rows) == m["roc/kept"]
-        assert sum(r["reward"] > 0 for r in rows) / len(rows) == m["roc/accuracy_sampled"]
+        assert len(rows) == m["rollout/rollouts"] and sum(r["kept"] for r in rows) == m["roc/kept"]
+        assert sum(r["reward"] > 0 for r in rows) / len(rows) == m["rollout/accuracy"]
         assert all(r["response_len"] == len(r["response_ids"]) > 0 for r in rows)
         assert all(
             len(r["response_mask"]) == len(r["log_probs"]) == r["response_len"] for r in rows
