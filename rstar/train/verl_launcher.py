@@ -21,7 +21,7 @@ from dataclasses import asdict
 
 from rstar.agent.format import problem_messages
 from rstar.data.io import read_table
-from rstar.rollout.vllm_engine import cpu_kv_cache_bytes
+from rstar.rollout.vllm_engine import CPU_KV_CACHE_BYTES, cpu_kv_cache_bytes
 from rstar.train.config import RLConfig
 from rstar.train.gpu_sizing import GPUSettings
 
@@ -194,7 +194,11 @@ def cpu_overrides(processes: int, model: str, max_model_len: int) -> list[str]:
     the rollout, no torch.compile, one agent-loop worker and `processes` training processes (Ray
     slots, see verl_cpu). vLLM's context is the stage's (`max_model_len`: prompt and response
     budgets), not the model's own longest, and its KV cache is sized for it from the model's
-    shape: SmolLM2's 8,192 tokens with a fixed 256 MiB cache made vLLM refuse to start."""
+    shape: SmolLM2's 8,192 tokens with a fixed 256 MiB cache made vLLM refuse to start. A
+    model not built yet (`rstar pipeline plan` before its stage ran) gets the smallest cache,
+    `CPU_KV_CACHE_BYTES`; the stage itself sizes it from the model it has."""
+    has_config = os.path.exists(os.path.join(model, "config.json"))
+    kv_bytes = cpu_kv_cache_bytes(model, max_model_len) if has_config else CPU_KV_CACHE_BYTES
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     return [
         "trainer.device=cpu",
@@ -207,8 +211,7 @@ def cpu_overrides(processes: int, model: str, max_model_len: int) -> list[str]:
         f"{rollout}.enforce_eager=true",
         f"{rollout}.dtype=float32",
         f"{rollout}.max_model_len={max_model_len}",
-        f"+{rollout}.engine_kwargs.vllm.kv_cache_memory_bytes="
-        f"{cpu_kv_cache_bytes(model, max_model_len)}",
+        f"+{rollout}.engine_kwargs.vllm.kv_cache_memory_bytes={kv_bytes}",
         f"{actor}.fsdp_config.dtype=float32",
         f"+{actor}.fsdp_config.mixed_precision={FP32}",
         f"{actor}.use_torch_compile=false",
