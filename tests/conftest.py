@@ -43,6 +43,22 @@ def pytest_unconfigure(config):
     os._exit(int(_session.exitstatus) if _session is not None else 0)
 
 
+def smollm2_shaped_config(path) -> str:
+    """A model directory holding only SmolLM2-135M's config (30 layers, 3 KV heads of 64, an
+    8,192-token context): what KV-cache sizing reads."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(
+        num_hidden_layers=30,
+        hidden_size=576,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=8192,
+    ).save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture(autouse=True)
 def _environment_restored():
     """Every test leaves os.environ as it found it: a variable a test set by hand (not through

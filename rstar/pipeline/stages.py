@@ -25,7 +25,7 @@ from rstar.pipeline.layout import Layout
 from rstar.pipeline.progress import StepClock
 from rstar.pipeline.publish import load, model_output, publish, save
 from rstar.pipeline.records import Evaluation, StageInputs, StageOutput, Stored
-from rstar.storage import dirs, filesystem, is_remote
+from rstar.storage import dirs, filesystem, is_remote, remove_tree
 from rstar.tracking.digest import digest
 from rstar.tracking.mlflow_log import EVAL_LABEL
 from rstar.train.metrics import namespaced
@@ -259,9 +259,7 @@ def rl(recipe: Recipe, layout: Layout, inputs: StageInputs, log, *, stage: str) 
             shutil.copytree(pulled, os.path.join(work, "checkpoint"))
     # a fresh start: drop other runs' step files
     if not os.path.exists(os.path.join(work, "checkpoint")):
-        fs, path = filesystem(layout.trajectories(stage))
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
+        remove_tree(layout.trajectories(stage))
     cfg = replace(cfg, init_from=dirs.pull(inputs.model.uri), prompt_style=recipe.prompt_style)
     rows = read_table(inputs.problems.uri, ("problems", "hard_problems")).to_pylist()
     # under the name it was written with: train_problems, or the mined hard_problems for rl3
@@ -376,9 +374,7 @@ def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
     parts = layout.trajectories("mine")
     fs, started = filesystem(f"{work}/started")
     if not fs.exists(started):
-        fs_parts, path = filesystem(parts)
-        if fs_parts.exists(path):
-            fs_parts.rm(path, recursive=True)
+        remove_tree(parts)
         atomic_write_text(f"{work}/started", parts)
     clock = _rollout_clock("mine", len(rows) * spec.k)
 

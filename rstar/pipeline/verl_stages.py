@@ -20,7 +20,7 @@ from rstar.pipeline import cache
 from rstar.pipeline.config import Recipe
 from rstar.pipeline.layout import Layout
 from rstar.pipeline.records import StageInputs
-from rstar.storage import dirs, filesystem
+from rstar.storage import dirs, filesystem, remove_tree
 
 logger = logging.getLogger(__name__)
 # In a verl stage's published model: where its last actor checkpoint (optimizer state) lies.
@@ -131,10 +131,7 @@ def rl(recipe: Recipe, inputs: StageInputs, log, cfg, work: str) -> str:
         optimizer_from = Path(pointer).read_text().strip() if os.path.exists(pointer) else None
         trajectories = Layout(recipe.storage_root).trajectories(cfg.name)
         if not os.path.exists(os.path.join(work, "latest_checkpointed_iteration.txt")):
-            # a fresh start (verl resumes otherwise): drop other runs' step files
-            fs, path = filesystem(trajectories)
-            if fs.exists(path):
-                fs.rm(path, recursive=True)
+            remove_tree(trajectories)  # a fresh start (verl resumes otherwise): other runs' files
         cmd = build_verl_run(
             replace(cfg, prompt_style=recipe.prompt_style),
             model=model,

@@ -250,16 +250,14 @@ def create_app(
             return _unprocessable([_msgspec_problem(e)])
         _check_sizes(service, [(f"requests.{i}.code", r.code) for i, r in enumerate(body.requests)])
         futures = await service.submit(body.requests)
-        index = {id(f): i for i, f in enumerate(futures)}
+        index = {f: i for i, f in enumerate(futures)}
 
         async def answers():
             pending = set(futures)
             try:
                 while pending:
                     done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    yield b"".join(
-                        encode_json(Answer(index[id(f)], f.result())) + b"\n" for f in done
-                    )
+                    yield b"".join(encode_json(Answer(index[f], f.result())) + b"\n" for f in done)
             finally:  # the caller went away: nobody takes these results
                 for f in pending:
                     f.cancel()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -104,10 +105,6 @@ class RemoteNode:
     async def start(self) -> None:
         await self.probe()
 
-    def _silence(self) -> aiohttp.ClientTimeout:
-        """A call's bound: no answer for `silence_s` while it holds calls, and the node is lost."""
-        return aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=self.silence_s)
-
     async def close(self) -> None:
         if self.http:
             await self.http.close()
@@ -125,36 +122,35 @@ class RemoteNode:
             self.alive = False
         return self.alive
 
-    async def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]:
+    @contextlib.asynccontextmanager
+    async def _post(self, path: str, reqs: list[ExecRequest]):
+        """POST `reqs` to the node and yield its answer; a node that cannot be reached, answers
+        5xx or sends nothing for `silence_s` while it holds the calls is lost (NodeLost)."""
         try:
             async with self._session().post(
-                f"{self.url}/v1/execute",
+                f"{self.url}{path}",
                 data=encode_json(ExecuteBody(reqs)),
                 headers=JSON_HEADERS,
-                timeout=self._silence(),
+                timeout=aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=self.silence_s),
             ) as r:
                 if r.status >= 500:
                     raise NodeLost(f"{self.url}: HTTP {r.status}")
                 r.raise_for_status()
-                return decode_results(await r.read()).results
+                yield r
         except (TimeoutError, aiohttp.ClientConnectionError) as e:
             raise NodeLost(f"{self.url}: {e!r}") from e
+
+    async def run_batch(self, reqs: list[ExecRequest]) -> list[ExecResult]:
+        async with self._post("/v1/execute", reqs) as r:
+            return decode_results(await r.read()).results
 
     async def run_stream(self, reqs: list[ExecRequest], deliver: Deliver) -> None:
         """The node answers each call as it ends; those answered before the node is lost stay
         answered (the caller re-queues the rest)."""
         try:
-            async with self._session().post(
-                f"{self.url}{STREAM_PATH}",
-                data=encode_json(ExecuteBody(reqs)),
-                headers=JSON_HEADERS,
-                timeout=self._silence(),
-            ) as r:
-                if r.status >= 500:
-                    raise NodeLost(f"{self.url}: HTTP {r.status}")
-                r.raise_for_status()
+            async with self._post(STREAM_PATH, reqs) as r:
                 await read_answers(r, deliver)
-        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+        except aiohttp.ClientPayloadError as e:  # the answer cut off mid-stream
             raise NodeLost(f"{self.url}: {e!r}") from e
 
     def describe(self) -> dict:

@@ -28,6 +28,13 @@ def filesystem(uri: str):
     return fsspec.core.url_to_fs(uri, **options)
 
 
+def remove_tree(uri: str) -> None:
+    """Remove the directory (or prefix) at `uri`, local or remote, if there is one."""
+    fs, path = filesystem(uri)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
 # The process's umask, read once at import (reading it means setting it, which is not thread-safe
 # later): an atomically written file gets the mode a plain open() would give it, not mkstemp's 0600.
 _UMASK = os.umask(0o022)

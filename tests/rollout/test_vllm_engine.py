@@ -34,18 +34,10 @@ def test_cpu_kv_cache_holds_full_length_sequences(tmp_path, tiny_dir):
     """A CPU replica's cache fits a few sequences of the model's longest length: SmolLM2's shape
     (30 layers, 3 KV heads of 64, 8,192 positions) needs more than the tiny model's 256 MiB floor,
     which vLLM refused to start with (0.35 GiB for one sequence); the tiny model keeps the floor."""
-    from transformers import LlamaConfig
-
     from rstar.rollout.vllm_engine import CPU_KV_CACHE_BYTES, CPU_KV_SEQUENCES, cpu_kv_cache_bytes
+    from tests.conftest import smollm2_shaped_config
 
-    LlamaConfig(
-        num_hidden_layers=30,
-        hidden_size=576,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        max_position_embeddings=8192,
-    ).save_pretrained(tmp_path)
+    smollm2_shaped_config(tmp_path)
     one_sequence = 8192 * 30 * 2 * 3 * 64 * 4
     assert cpu_kv_cache_bytes(str(tmp_path)) == CPU_KV_SEQUENCES * one_sequence
     assert cpu_kv_cache_bytes(str(tmp_path), max_model_len=1024) == CPU_KV_CACHE_BYTES

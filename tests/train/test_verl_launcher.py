@@ -526,18 +526,10 @@ def test_on_the_cpu_vllm_gets_the_stages_context_and_a_kv_cache_sized_for_it(tmp
     """SmolLM2's shape: its own 8,192-token context with the fixed 256 MiB cache made vLLM
     refuse to start; the stage's prompt + response budget and a cache sized from the model's
     shape for it is what verl's composed config hands vLLM."""
-    from transformers import LlamaConfig
-
     from rstar.rollout.vllm_engine import CPU_KV_SEQUENCES
+    from tests.conftest import smollm2_shaped_config
 
-    LlamaConfig(
-        num_hidden_layers=30,
-        hidden_size=576,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        max_position_embeddings=8192,
-    ).save_pretrained(tmp_path)
+    smollm2_shaped_config(tmp_path)
     stage = replace(STAGE, sampling=replace(STAGE.sampling, max_response_tokens=4096))
     cfg = compose_verl(
         placeholder_overrides(stage, model=str(tmp_path), device="cpu", max_prompt_length=1024)
