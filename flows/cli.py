@@ -40,18 +40,25 @@ def pipeline_run(
         help="Also write what the run measured (metrics, seconds, "
         "accuracy, verdict) to this JSON file.",
     ),
+    until: str = typer.Option(
+        None,
+        help="Stop after this stage (base, problems, sft, an RL stage's name, mine, evaluate); "
+        "a later run serves it from cache.",
+    ),
 ) -> None:
     """Run the whole recipe: base, problems, SFT, RL stages, mining, evaluation."""
     import json
 
     from rstar.pipeline.config import ConfigError, load_recipe
     from rstar.pipeline.layout import Layout
+    from rstar.pipeline.plan import check_until
     from rstar.storage.lock import RootBusy, check_free
     from rstar.tracking.mlflow_log import TrackingUnreachable, absolute_uri, check_reachable
 
     values = overrides(set_)
     try:  # what cannot run fails here, in one line, before Prefect starts (the flow checks again)
         recipe = load_recipe(config, values)
+        check_until(recipe, until)
         check_reachable(absolute_uri(recipe.tracking.tracking_uri))
         check_free(Layout(recipe.storage_root).root)
     except (ConfigError, TrackingUnreachable, RootBusy) as e:
@@ -61,7 +68,7 @@ def pipeline_run(
     from rstar.pipeline.report import pipeline_report
     from rstar.storage import atomic_write_text
 
-    outs = pipeline(config, values)
+    outs = pipeline(config, values, until=until)
     if report_json:
         report = pipeline_report(recipe, outs)
         atomic_write_text(report_json, json.dumps(report, indent=1, default=str))

@@ -14,6 +14,7 @@ from prefect.states import Completed, Failed, State
 from flows.reconcile import cancel_stage_tasks, claim_root
 from rstar.pipeline.config import ConfigError, load_recipe, run_overrides
 from rstar.pipeline.layout import Layout
+from rstar.pipeline.plan import check_until
 from rstar.pipeline.records import StageInputs, StageOutput
 from rstar.storage.lock import RootBusy
 from rstar.tracking import mlflow_log as ml
@@ -29,6 +30,7 @@ def pipeline(
     storage_root: str | None = None,
     rl_steps: list[int] | None = None,
     seed: int = 0,
+    until: str | None = None,
 ) -> dict[str, StageOutput]:
     """Run a recipe: base model, problems, SFT, RL stages 1-3, mining, evaluation, each stage a
     cached, retried task. One run per storage root at a time: a second one fails at once naming
@@ -48,22 +50,29 @@ def pipeline(
             recipe's.
         seed: Moves every seeded part (SFT's data and order, each RL stage's prompts and
             sampling) by this much; the held-out set stays. 0: the recipe's seeds.
+        until: Stop after this stage (e.g. rl1) and return what ran; its cache serves the rest
+            of the recipe later. Empty: the whole recipe.
     """
     try:
         values = run_overrides(
             config, overrides, storage_root=storage_root, rl_steps=rl_steps, seed=seed
         )
         recipe = load_recipe(config, values)
+        check_until(recipe, until)
         with claim_root(Layout(recipe.storage_root).root):
             # the caller gets the outputs; Prefect records the state, named by the verdict
-            return _final_state(_run(recipe, config))
+            return _final_state(_run(recipe, config, until), until)
     except (ConfigError, TrackingUnreachable, RootBusy) as e:
         # what the CLI checks before a run: a run from the UI fails with the same one line, no
         # traceback in its log
         return Failed(message=str(e))
 
 
-def _run(recipe, config: str) -> dict[str, StageOutput]:
+class _Reached(Exception):
+    """The stage a run was asked to stop after has its outputs."""
+
+
+def _run(recipe, config: str, until: str | None = None) -> dict[str, StageOutput]:
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)
     ml.check_reachable(uri)
     root = Layout(recipe.storage_root).root
@@ -92,41 +101,55 @@ def _run(recipe, config: str) -> dict[str, StageOutput]:
 
     def run(name: str, inputs: StageInputs) -> StageOutput:
         outs[name] = submit(name, recipe, inputs, parent)
+        if name == until:
+            raise _Reached
         return outs[name]
 
     with ml.closing(uri, parent):
-        run("base", StageInputs())
-        data = run("problems", StageInputs())
-        model = run("sft", StageInputs(model=outs["base"].model)).model
-        for s in recipe.rl:
-            last = s is recipe.rl[-1]
-            problems = outs["mine"].datasets["hard_problems"] if last else data.datasets["train"]
-            model = run(s.name, StageInputs(model=model, problems=problems)).model
-            if s.name == recipe.mine.after:
-                run("mine", StageInputs(model=model, problems=data.datasets["train"]))
-        checkpoints = ["base"] * recipe.eval.include_base + ["sft"] + [s.name for s in recipe.rl]
-        copying = {
-            m: {k: v for k, v in outs[m].metrics.items() if k.startswith("copy_")}
-            for m in ("base", "sft")
-        }
-        run(
-            "evaluate",
-            StageInputs(
-                models={m: outs[m].model for m in checkpoints},
-                copying=copying,
-                problems=data.datasets["eval"],
-            ),
-        )
+        try:
+            model = _stages(recipe, run, outs)
+        except _Reached:
+            model = None
+            ml.set_tags(uri, parent, {"rstar.stopped_after": until})
         ml.set_tags(
             uri,
             parent,
             {f"rstar.{k}.model_version": v.model.version for k, v in outs.items() if v.model},
         )
         _mark_reused(uri, parent, recipe, outs)
+        if model is None:
+            return outs
         _headline(uri, parent, outs["evaluate"])
         ml.set_alias(uri, model.version, ml.LATEST_EVALUATED)
     _where_to_look(recipe, config, uri, parent, outs)
     return outs
+
+
+def _stages(recipe, run, outs: dict[str, StageOutput]):
+    """Every stage in order, each given what earlier ones made; returns the final model."""
+    run("base", StageInputs())
+    data = run("problems", StageInputs())
+    model = run("sft", StageInputs(model=outs["base"].model)).model
+    for s in recipe.rl:
+        last = s is recipe.rl[-1]
+        problems = outs["mine"].datasets["hard_problems"] if last else data.datasets["train"]
+        model = run(s.name, StageInputs(model=model, problems=problems)).model
+        if s.name == recipe.mine.after:
+            run("mine", StageInputs(model=model, problems=data.datasets["train"]))
+    checkpoints = ["base"] * recipe.eval.include_base + ["sft"] + [s.name for s in recipe.rl]
+    copying = {
+        m: {k: v for k, v in outs[m].metrics.items() if k.startswith("copy_")}
+        for m in ("base", "sft")
+    }
+    run(
+        "evaluate",
+        StageInputs(
+            models={m: outs[m].model for m in checkpoints},
+            copying=copying,
+            problems=data.datasets["eval"],
+        ),
+    )
+    return model
 
 
 def _headline(uri: str, parent: str, evaluate: StageOutput) -> None:
@@ -189,8 +212,11 @@ def _where_to_look(
     )
 
 
-def _final_state(outs: dict[str, StageOutput]) -> State:
-    """Completed, named by the verdict so the runs list tells learnt from not."""
+def _final_state(outs: dict[str, StageOutput], until: str | None = None) -> State:
+    """Completed, named by the verdict so the runs list tells learnt from not (or by the stage
+    it was asked to stop after)."""
+    if "evaluate" not in outs:
+        return Completed(name=f"Stopped after {until}", data=outs)
     learnt = outs["evaluate"].evaluation.learnt
     name = {True: "Learnt", False: "Did not learn", None: "Completed"}[learnt]
     return Completed(name=name, message="; ".join(outs["evaluate"].evaluation.verdict), data=outs)

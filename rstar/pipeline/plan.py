@@ -16,7 +16,7 @@ import sys
 
 from rstar.errors import NotRetryable
 from rstar.pipeline import verl_stages
-from rstar.pipeline.config import Recipe
+from rstar.pipeline.config import ConfigError, Recipe
 from rstar.pipeline.layout import Layout
 from rstar.storage import dirs
 from rstar.train.verl_launcher import DEFAULT_PROMPT_TOKENS
@@ -34,6 +34,13 @@ def stage_names(recipe: Recipe) -> list[str]:
         if s.name == recipe.mine.after:
             names.append("mine")
     return names + ["evaluate"]
+
+
+def check_until(recipe: Recipe, until: str | None) -> None:
+    """A run asked to stop after `until` names one of the recipe's stages."""
+    if until is not None and until not in stage_names(recipe):
+        names = ", ".join(stage_names(recipe))
+        raise ConfigError(f"until: {until!r} is no stage of recipe {recipe.name} ({names})")
 
 
 def compose_verl(overrides: list[str], config_name: str = "ppo_trainer"):

@@ -26,11 +26,16 @@ def stage_seconds(recipe, outs: dict[str, StageOutput]) -> dict[str, float]:
 def pipeline_report(recipe, outs: dict[str, StageOutput]) -> dict:
     """The run's report (the module's docstring says what it holds)."""
     seconds = stage_seconds(recipe, outs)
-    ev = outs["evaluate"].evaluation
-    return {
+    report = {
         "metrics": {stage: out.metrics for stage, out in outs.items() if stage != "evaluate"},
         "seconds": seconds,
         "recipe_seconds": sum(seconds.get(s, 0.0) for s in RECIPE_STAGES),
+    }
+    if "evaluate" not in outs:  # a run stopped before it (--until)
+        return report
+    ev = outs["evaluate"].evaluation
+    return {
+        **report,
         "accuracy": {name: overall_accuracy(s) for name, s in ev.summaries.items()},
         "learnt": ev.learnt,
         "verdict": ev.verdict,

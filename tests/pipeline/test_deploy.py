@@ -36,7 +36,7 @@ def test_the_run_form_describes_every_field():
 
     # the schema Prefect registers with the deployment and draws the Run form from
     fields = parameter_schema(pipeline).properties
-    assert set(fields) == {"config", "overrides", "storage_root", "rl_steps", "seed"}
+    assert set(fields) == {"config", "overrides", "storage_root", "rl_steps", "seed", "until"}
     assert all(f.get("description") for f in fields.values()), fields
     assert "rl1.steps" in fields["overrides"]["description"]
     assert "configs/smollm2.yaml" in fields["config"]["description"]

@@ -359,6 +359,28 @@ def test_rerunning_a_finished_pipeline_serves_every_stage_from_cache(finished_lo
     assert rerun.data.tags["rstar.rl3.reused_run"] == outs["rl3"].mlflow_run_id
 
 
+def test_a_run_until_a_stage_stops_after_it(finished_local):
+    """--until rl1: the stages through rl1 run (here from cache), nothing after them; the run is
+    named by where it stopped and its report has no verdict; a stage the recipe lacks is refused
+    before anything runs."""
+    from flows.pipeline import pipeline
+    from rstar.pipeline.report import pipeline_report
+
+    path, _, outs = finished_local
+    state = pipeline(path, until="rl1", return_state=True)
+    assert state.is_completed() and state.name == "Stopped after rl1"
+    got = state.result()
+    assert list(got) == ["base", "problems", "sft", "rl1"]
+    assert got["rl1"].model.version == outs["rl1"].model.version
+    assert set(_task_states(state.state_details.flow_run_id)) == set(got)
+    report = pipeline_report(load_recipe(path), got)
+    assert set(report) == {"metrics", "seconds", "recipe_seconds"}
+    assert set(report["seconds"]) == set(got)
+
+    bad = pipeline(path, until="rl9", return_state=True)
+    assert bad.is_failed() and "until: 'rl9' is no stage of recipe" in bad.message
+
+
 def test_pipeline_on_s3(prefect_api, s3, shipped_sft, tmp_path):
     from flows.pipeline import pipeline
 
