@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from rstar.pipeline.config import Recipe
 from rstar.pipeline.layout import Layout
 from rstar.pipeline.records import StageInputs
 from rstar.storage import dirs, filesystem, remove_tree
+from rstar.train.hydra_override import value as hydra_value
 
 logger = logging.getLogger(__name__)
 # In a verl stage's published model: where its last actor checkpoint (optimizer state) lies.
@@ -169,16 +169,8 @@ def ray_job_env(env: dict[str, str]) -> list[str]:
     in its task-runner actor; on a cluster started apart (`ray start`) actors do not inherit the
     launching process's environment, and verl forwards only its own list of variables."""
     return [
-        f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_quoted(v)}" for k, v in env.items()
+        f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_value(v)}" for k, v in env.items()
     ]
-
-
-def hydra_quoted(value: str) -> str:
-    """`value` as a quoted Hydra override value, which Hydra reads back as it is (unquoted, a
-    comma would make a sweep of it). Inside quotes Hydra unescapes backslashes only before a
-    quote or the closing one."""
-    escaped = re.sub(r"(\\+)(?='|$)", r"\1\1", value).replace("'", "\\'")
-    return f"'{escaped}'"
 
 
 def _run(cmd: list[str], stage: str, log, work: str, recipe: Recipe, checkpoint) -> str:

@@ -24,6 +24,7 @@ from rstar.data.io import read_table
 from rstar.rollout.vllm_engine import CPU_KV_CACHE_BYTES, cpu_kv_cache_bytes
 from rstar.train.config import RLConfig
 from rstar.train.gpu_sizing import GPUSettings
+from rstar.train.hydra_override import value as hydra_value
 
 # the prompt length verl pads to when it cannot be measured (no model on local disk, a plan)
 DEFAULT_PROMPT_TOKENS = 2048
@@ -104,13 +105,13 @@ def verl_overrides(
         "trainer.balance_batch=true",  # RoC runs inside _balance_batch (rstar.train.verl_trainer)
         "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=false",
-        f"data.train_files={train_files}",
-        f"data.val_files={val_files or train_files}",
+        f"data.train_files={hydra_value(train_files)}",
+        f"data.val_files={hydra_value(val_files or train_files)}",
         f"data.train_batch_size={cfg.prompts_per_step}",
         f"data.max_prompt_length={max_prompt_length}",
         f"data.max_response_length={cfg.sampling.max_response_tokens}",
         "data.return_raw_chat=true",
-        f"actor_rollout_ref.model.path={model}",
+        f"actor_rollout_ref.model.path={hydra_value(model)}",
         f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
         f"actor_rollout_ref.actor.optim.lr_warmup_steps={cfg.warmup_steps}",
         f"actor_rollout_ref.actor.optim.weight_decay={cfg.weight_decay}",
@@ -133,11 +134,11 @@ def verl_overrides(
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         f"actor_rollout_ref.rollout.response_length={cfg.sampling.max_response_tokens}",
         f"actor_rollout_ref.rollout.prompt_length={max_prompt_length}",
-        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loop_config}",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={hydra_value(agent_loop_config)}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=rstar_agent",
-        f"reward.custom_reward_function.path={os.path.abspath(reward_file)}",
+        f"reward.custom_reward_function.path={hydra_value(os.path.abspath(reward_file))}",
         "reward.custom_reward_function.name=compute_score",
-        f"+rstar.sandbox_url={sandbox_url}",
+        f"+rstar.sandbox_url={hydra_value(sandbox_url) if sandbox_url else 'null'}",
         f"+rstar.sampling={_hydra_dict(asdict(cfg.sampling))}",
         f"+rstar.roc_mode={cfg.roc.mode}",
         f"+rstar.group_size={cfg.roc.group_size}",
@@ -148,7 +149,7 @@ def verl_overrides(
         "rstar.train.verl_trainer.WeightSyncWithDeadline",
         f"+rstar.weight_sync_timeout_s={WEIGHT_SYNC_TIMEOUT_S}",
         f"trainer.total_training_steps={cfg.steps}",
-        f"trainer.default_local_dir={out_dir}",
+        f"trainer.default_local_dir={hydra_value(out_dir)}",
         f"trainer.n_gpus_per_node={n_gpus}",
         f"trainer.nnodes={nodes}",
         f"trainer.save_freq={cfg.checkpoint_every}",
@@ -156,20 +157,20 @@ def verl_overrides(
         "trainer.resume_mode=auto",
         "trainer.val_before_train=false",
         f"trainer.test_freq={cfg.steps if val_files else -1}",
-        f"trainer.project_name={experiment}",
+        f"trainer.project_name={hydra_value(experiment)}",
         f"trainer.experiment_name={cfg.name}",
         "trainer.logger=[console,mlflow]",
         *(
-            [f"actor_rollout_ref.rollout.router_config_path={router_config}"]
+            [f"actor_rollout_ref.rollout.router_config_path={hydra_value(router_config)}"]
             if router_config
             else []
         ),
         *(
-            [f"+rstar.optimizer_from={optimizer_from}"]
+            [f"+rstar.optimizer_from={hydra_value(optimizer_from)}"]
             if optimizer_from and not cfg.reset_optimizer
             else []
         ),
-        *([f"+rstar.trajectories={trajectories}"] if trajectories else []),
+        *([f"+rstar.trajectories={hydra_value(trajectories)}"] if trajectories else []),
         # FSDP2 on every device: the strategy CI trains with (verl's default is FSDP1, which
         # the CPU cannot run), so the GPU path runs the code the tests ran
         "actor_rollout_ref.actor.strategy=fsdp2",

@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 from rstar.data.io import read_table
 from rstar.train.config import SFTConfig
 from rstar.train.gpu_sizing import SFTSettings, sft_micro_batch_tokens
+from rstar.train.hydra_override import value as hydra_value
 from rstar.train.sft import encode_example
 from rstar.train.verl_launcher import FP32
 
@@ -84,8 +85,8 @@ def sft_overrides(
             "trainer's; with engine verl set it to 0"
         )
     overrides = [
-        f"model.path={model}",
-        f"data.train_files={train_files}",
+        f"model.path={hydra_value(model)}",
+        f"data.train_files={hydra_value(train_files)}",
         f"data.train_batch_size={cfg.batch_size}",
         "data.pad_mode=no_padding",
         "data.use_dynamic_bsz=true",
@@ -103,14 +104,14 @@ def sft_overrides(
         f"optim.clip_grad={cfg.max_grad_norm}",
         f"trainer.total_epochs={cfg.epochs}",
         f"trainer.seed={cfg.seed}",
-        f"trainer.default_local_dir={out_dir}",
+        f"trainer.default_local_dir={hydra_value(out_dir)}",
         "trainer.save_freq=after_each_epoch",
         "trainer.max_ckpt_to_keep=1",
         "trainer.resume_mode=auto",
         f"trainer.n_gpus_per_node={n_gpus}",
         f"trainer.nnodes={nodes}",
         "trainer.logger=[console,mlflow]",
-        f"trainer.project_name={experiment}",
+        f"trainer.project_name={hydra_value(experiment)}",
         "trainer.experiment_name=sft",
         # PyTorch's own attention, padded, on every device as in the RL stages: verl's default
         # is flash-attn (and removing the padding needs it), which the GPU lock does not have,

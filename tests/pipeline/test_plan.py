@@ -91,20 +91,29 @@ def test_the_14b_plan_lists_every_stage_and_verl_accepts_every_rl_command():
     assert models == [dirs.local_dir(layout.model(stage)) for stage in ("sft", "rl1", "rl2")]
 
 
-def test_a_config_verl_cannot_parse_fails_the_plan_naming_the_stage():
-    result = CliRunner().invoke(
-        app,
-        [
-            "pipeline",
-            "plan",
-            "--config",
-            "configs/qwen3-14b.yaml",
-            "--set",
-            "sandbox_url=http://a,b:8080",
-        ],
-    )  # a sweep to Hydra
+def test_a_config_verl_cannot_parse_fails_the_plan_naming_the_stage(monkeypatch):
+    from rstar.train import verl_launcher
+
+    made = verl_launcher.verl_overrides
+    # an override Hydra reads as a sweep, which verl's entry point refuses
+    monkeypatch.setattr(
+        verl_launcher, "verl_overrides", lambda *a, **kw: [*made(*a, **kw), "trainer.seed=1,2"]
+    )
+    result = CliRunner().invoke(app, ["pipeline", "plan", "--config", "configs/qwen3-14b.yaml"])
     assert result.exit_code == 1
     assert "stage rl1: verl refuses its config" in result.output
+
+
+def test_a_sandbox_url_hydra_would_misread_reaches_verl_as_it_is():
+    """A comma in a value (a sweep, unquoted) is quoted on verl's command line."""
+    result = CliRunner().invoke(
+        app,
+        ["pipeline", "plan", "--config", "configs/qwen3-14b.yaml", "--set",
+         "sandbox_url=http://a,b:8080", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rl1 = next(s for s in json.loads(result.stdout)["stages"] if s["name"] == "rl1")
+    assert check_verl(rl1["command"][3:]).rstar.sandbox_url == "http://a,b:8080"
 
 
 def test_a_recipe_error_is_one_line_not_a_traceback():

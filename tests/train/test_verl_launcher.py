@@ -263,7 +263,7 @@ def test_a_fresh_verl_stage_takes_the_previous_stages_optimizer_state_unless_it_
             previous / f"extra_state_world_size_2_rank_{rank}.pt",
         )
     carry = placeholder_overrides(optimizer_from=str(previous))
-    assert f"+rstar.optimizer_from={previous}" in carry
+    assert compose_verl(carry).rstar.optimizer_from == str(previous)
     reset = RLConfig(name="rl3", reset_optimizer=True)
     assert not any(
         "optimizer_from" in o for o in placeholder_overrides(reset, optimizer_from=str(previous))
@@ -358,15 +358,21 @@ def test_the_rl_stage_hands_its_mlflow_run_to_verls_ray_job(tiny_dir, tmp_path, 
             stage="rl1",
         )
     (cmd,) = launched
-    job_env = "++ray_kwargs.ray_init.runtime_env.env_vars."
-    assert f"{job_env}MLFLOW_RUN_ID='r42'" in cmd
-    assert f"{job_env}MLFLOW_TRACKING_URI='sqlite:////x/mlflow.db'" in cmd
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    # the values as verl reads them
+    got = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(cmd[3:])}
+    job_env = {
+        k.rsplit(".", 1)[1]: v
+        for k, v in got.items()
+        if k.startswith("ray_kwargs.ray_init.runtime_env.env_vars.")
+    }
+    assert job_env["MLFLOW_RUN_ID"] == "r42"
+    assert job_env["MLFLOW_TRACKING_URI"] == "sqlite:////x/mlflow.db"
     # and the modules verl loads in every process, on every node (rstar.train.verl_resume)
-    assert (
-        f"{job_env}VERL_USE_EXTERNAL_MODULES='rstar.train.verl_cpu,rstar.train.verl_resume'" in cmd
-    )
+    assert job_env["VERL_USE_EXTERNAL_MODULES"] == "rstar.train.verl_cpu,rstar.train.verl_resume"
     # each step's rollouts go where the local trainer's would
-    assert f"+rstar.trajectories={Layout(recipe.storage_root).trajectories('rl1')}" in cmd
+    assert got["rstar.trajectories"] == Layout(recipe.storage_root).trajectories("rl1")
 
 
 def test_verls_training_processes_on_the_cpu_get_the_recipes_threads():
@@ -510,6 +516,58 @@ def test_the_job_environment_reaches_verl_as_it_is_through_hydras_parser():
     }
     parsed = OverridesParser.create().parse_overrides(ray_job_env(env))
     assert {o.key_or_group.rsplit(".", 1)[1]: o.value() for o in parsed} == env
+
+
+def test_paths_with_equals_signs_and_commas_reach_verl_as_they_are():
+    """A storage root's paths hold `=` (trajectories/stage=rl1, Hive-style) and may hold commas:
+    every path in the RL and SFT commands comes out of verl's composed config as it went in.
+    Unquoted, `+rstar.trajectories=.../stage=rl1` was a Hydra syntax error and every RL stage
+    on verl failed to start."""
+    from rstar.train.config import SFTConfig
+    from rstar.train.verl_sft import sft_overrides
+
+    root = "/runs/a=b,c"
+    paths = {
+        "model": f"{root}/models/sft",
+        "train_files": f"{root}/work/rl1/k=1/train.parquet",
+        "val_files": f"{root}/work/rl1/k=1/val.parquet",
+        "agent_loop_config": f"{root}/work/rl1/k=1/agent_loops.yaml",
+        "router_config": f"{root}/work/rl1/k=1/router.yaml",
+        "out_dir": f"{root}/work/rl1/k=1",
+        "optimizer_from": f"{root}/work/rl0/global_step_2/actor",
+        "trajectories": f"{root}/trajectories/stage=rl1",
+        "experiment": "exp=1,2",
+    }
+    cfg = compose_verl(verl_overrides(STAGE, sandbox_url="http://s:1/?a=b", n_gpus=8, **paths))
+    got = {
+        "model": cfg.actor_rollout_ref.model.path,
+        "train_files": cfg.data.train_files,
+        "val_files": cfg.data.val_files,
+        "agent_loop_config": cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path,
+        "router_config": cfg.actor_rollout_ref.rollout.router_config_path,
+        "out_dir": cfg.trainer.default_local_dir,
+        "optimizer_from": cfg.rstar.optimizer_from,
+        "trajectories": cfg.rstar.trajectories,
+        "experiment": cfg.trainer.project_name,
+    }
+    assert got == paths and cfg.rstar.sandbox_url == "http://s:1/?a=b"
+    sft = compose_verl(
+        sft_overrides(
+            SFTConfig(),
+            model=paths["model"],
+            train_files=paths["train_files"],
+            out_dir=paths["out_dir"],
+            n_gpus=8,
+            experiment=paths["experiment"],
+        ),
+        "sft_trainer_engine",
+    )
+    assert (
+        sft.model.path,
+        sft.data.train_files,
+        sft.trainer.default_local_dir,
+        sft.trainer.project_name,
+    ) == (paths["model"], paths["train_files"], paths["out_dir"], paths["experiment"])
 
 
 def test_verl_loads_the_projects_modules_in_every_process_on_either_device():

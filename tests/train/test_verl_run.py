@@ -20,6 +20,7 @@ import pytest
 from rstar.agent.sampling import Sampling
 from rstar.algo.roc import RoCConfig
 from rstar.data.io import read_table
+from rstar.pipeline.layout import Layout
 from rstar.train.config import RLConfig
 from tests.conftest import product_problems
 
@@ -90,7 +91,8 @@ def run_verl(
             n_gpus=processes,
             device=device,
             optimizer_from=optimizer_from,
-            trajectories=str(tmp_path / "trajectories"),
+            # the pipeline's layout (a Hive-style `stage=<name>` folder, an `=` in the path)
+            trajectories=Layout(str(tmp_path)).trajectories(name),
             gpu=one_gpu(model) if device == "gpu" else None,
         )
         cmd = [c for c in cmd if not c.startswith("trainer.logger")] + [
@@ -139,7 +141,7 @@ def verl_steps(
     # every rollout sampled, one file per step, as the local trainer writes them
     for step, m in by_step.items():
         rows = read_table(
-            str(tmp_path / "trajectories" / f"step={step:05d}.parquet"), "trajectories"
+            f"{Layout(str(tmp_path)).trajectories('rl1')}/step={step:05d}.parquet", "trajectories"
         ).to_pylist()
         assert len(rows) == m["rollout/rollouts"] and sum(r["kept"] for r in rows) == m["roc/kept"]
         assert sum(r["reward"] > 0 for r in rows) / len(rows) == m["rollout/accuracy"]
