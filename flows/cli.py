@@ -51,7 +51,7 @@ def pipeline_run(
 
     from rstar.pipeline.config import ConfigError, load_recipe
     from rstar.pipeline.layout import Layout
-    from rstar.pipeline.plan import check_until
+    from rstar.pipeline.stage_table import check_until
     from rstar.storage.lock import RootBusy, check_free
     from rstar.tracking.mlflow_log import TrackingUnreachable, absolute_uri, check_reachable
 

@@ -14,8 +14,8 @@ from prefect.states import Completed, Failed, State
 from flows.reconcile import cancel_stage_tasks, claim_root
 from rstar.pipeline.config import ConfigError, load_recipe, run_overrides
 from rstar.pipeline.layout import Layout
-from rstar.pipeline.plan import check_until
-from rstar.pipeline.records import StageInputs, StageOutput
+from rstar.pipeline.records import StageOutput
+from rstar.pipeline.stage_table import check_until, recipe_stages
 from rstar.storage.lock import RootBusy
 from rstar.tracking import mlflow_log as ml
 from rstar.tracking.mlflow_log import TrackingUnreachable
@@ -68,10 +68,6 @@ def pipeline(
         return Failed(message=str(e))
 
 
-class _Reached(Exception):
-    """The stage a run was asked to stop after has its outputs."""
-
-
 def _run(recipe, config: str, until: str | None = None) -> dict[str, StageOutput]:
     uri = ml.absolute_uri(recipe.tracking.tracking_uri)
     ml.check_reachable(uri)
@@ -98,58 +94,24 @@ def _run(recipe, config: str, until: str | None = None) -> dict[str, StageOutput
         },
     )
     outs: dict[str, StageOutput] = {}
-
-    def run(name: str, inputs: StageInputs) -> StageOutput:
-        outs[name] = submit(name, recipe, inputs, parent)
-        if name == until:
-            raise _Reached
-        return outs[name]
-
     with ml.closing(uri, parent):
-        try:
-            model = _stages(recipe, run, outs)
-        except _Reached:
-            model = None
-            ml.set_tags(uri, parent, {"rstar.stopped_after": until})
+        for stage in recipe_stages(recipe):
+            outs[stage.name] = submit(stage.name, recipe, stage.inputs(outs), parent)
+            if stage.name == until:
+                ml.set_tags(uri, parent, {"rstar.stopped_after": until})
+                break
         ml.set_tags(
             uri,
             parent,
             {f"rstar.{k}.model_version": v.model.version for k, v in outs.items() if v.model},
         )
         _mark_reused(uri, parent, recipe, outs)
-        if model is None:
+        if "evaluate" not in outs:
             return outs
         _headline(uri, parent, outs["evaluate"])
-        ml.set_alias(uri, model.version, ml.LATEST_EVALUATED)
+        ml.set_alias(uri, outs[recipe.rl[-1].name].model.version, ml.LATEST_EVALUATED)
     _where_to_look(recipe, config, uri, parent, outs)
     return outs
-
-
-def _stages(recipe, run, outs: dict[str, StageOutput]):
-    """Every stage in order, each given what earlier ones made; returns the final model."""
-    run("base", StageInputs())
-    data = run("problems", StageInputs())
-    model = run("sft", StageInputs(model=outs["base"].model)).model
-    for s in recipe.rl:
-        last = s is recipe.rl[-1]
-        problems = outs["mine"].datasets["hard_problems"] if last else data.datasets["train"]
-        model = run(s.name, StageInputs(model=model, problems=problems)).model
-        if s.name == recipe.mine.after:
-            run("mine", StageInputs(model=model, problems=data.datasets["train"]))
-    checkpoints = ["base"] * recipe.eval.include_base + ["sft"] + [s.name for s in recipe.rl]
-    copying = {
-        m: {k: v for k, v in outs[m].metrics.items() if k.startswith("copy_")}
-        for m in ("base", "sft")
-    }
-    run(
-        "evaluate",
-        StageInputs(
-            models={m: outs[m].model for m in checkpoints},
-            copying=copying,
-            problems=data.datasets["eval"],
-        ),
-    )
-    return model
 
 
 def _headline(uri: str, parent: str, evaluate: StageOutput) -> None:

@@ -15,13 +15,13 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from rstar.errors import retry_pointless
-from rstar.pipeline.cache import outputs_exist
+from rstar.pipeline.cache import key, outputs_exist
 from rstar.pipeline.config import Recipe
 from rstar.pipeline.launch import run_job
 from rstar.pipeline.layout import Layout
-from rstar.pipeline.plan import stage_names
 from rstar.pipeline.records import StageInputs, StageOutput
 from rstar.pipeline.stage_run import open_stage_run
+from rstar.pipeline.stage_table import stage_names
 from rstar.storage import dirs
 from rstar.tracking import mlflow_log as ml
 from tasks.progress import stage_progress
@@ -49,7 +49,7 @@ def _tags(stage: str, inputs: StageInputs, parent_run_id: str) -> dict:
     task_run_name="{stage}",
     persist_result=True,
     retry_condition_fn=worth_retrying,
-    cache_key_fn=lambda ctx, params: params["recipe"].cache_key(params["stage"], params["inputs"]),
+    cache_key_fn=lambda ctx, params: key(params["recipe"], params["stage"], params["inputs"]),
 )
 def run_stage(stage: str, recipe: Recipe, inputs: StageInputs, parent_run_id: str) -> StageOutput:
     log = get_run_logger()

@@ -27,7 +27,8 @@ from rstar.bench.robustness import native_capability
 from rstar.eval.metrics import overall_accuracy
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.records import StageOutput
-from rstar.pipeline.report import RECIPE_STAGES, stage_seconds
+from rstar.pipeline.report import stage_seconds
+from rstar.pipeline.stage_table import stage_names, trained_stages
 from rstar.storage import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -191,7 +192,7 @@ def write_recipe_benchmark(
     window = end_window(recipe.rl[0].steps)
     table, met = ablation_table(histories, window)
 
-    recipe_s = sum(seconds.get(s, 0.0) for s in RECIPE_STAGES)
+    recipe_s = sum(seconds.get(s, 0.0) for s in trained_stages(recipe))
     lines = [
         "## Tiny recipe (`rstar bench-recipe`)",
         "",
@@ -203,11 +204,7 @@ def write_recipe_benchmark(
         "",
         "| stage | seconds |",
         "|---|---|",
-        *(
-            f"| {s} | {seconds[s]:.0f} |"
-            for s in ("base", "problems", *RECIPE_STAGES, "evaluate")
-            if s in seconds
-        ),
+        *(f"| {s} | {seconds[s]:.0f} |" for s in stage_names(recipe) if s in seconds),
         f"| **recipe (SFT + 3 RL stages + mining)** | **{recipe_s:.0f}** (target <= 900) |",
         "",
         f"This invocation's wall time (cached stages included): {wall:.0f} s.",

@@ -12,27 +12,36 @@ from __future__ import annotations
 
 import os
 
-from rstar.pipeline.config import Recipe
+import rstar
+from rstar.pipeline.config import Recipe, json_digest
 from rstar.pipeline.layout import Layout
 from rstar.pipeline.records import StageInputs
+from rstar.pipeline.stage_table import find, section
 from rstar.storage import atomic_write_text, dirs, filesystem, is_remote
+
+
+def key(recipe: Recipe, stage: str, inputs: StageInputs) -> str:
+    """Names a stage's outputs: its recipe section, inputs, storage root and the code's version
+    (bumped when a change alters what a stage produces, so no stale result is served)."""
+    return f"{recipe.name}-{stage}-" + json_digest(
+        {
+            "section": section(recipe, stage),
+            "root": recipe.storage_root,
+            "inputs": inputs.key(),
+            "version": rstar.__version__,
+        }
+    )
 
 
 def resumes(recipe: Recipe, stage: str) -> bool:
     """Whether `stage` continues from what its working directory records after a retry or a
-    kill: the RL stages and SFT on verl (from checkpoints), mining (after its last Parquet part),
-    evaluation (after its last checkpoint evaluated); the local SFT and the other stages start
-    over."""
-    return (
-        stage in {s.name for s in recipe.rl}
-        or stage in {"mine", "evaluate"}
-        or (stage == "sft" and recipe.engine == "verl")
-    )
+    kill (rstar.pipeline.stage_table.KINDS says which do); the others start over."""
+    return find(recipe, stage).needs.resumes(recipe)
 
 
 def work_uri(recipe: Recipe, stage: str, inputs: StageInputs) -> str:
     """The URI of a stage's working directory for this recipe and these inputs."""
-    return f"{Layout(recipe.storage_root).work_uri(stage)}/{recipe.cache_key(stage, inputs)}"
+    return f"{Layout(recipe.storage_root).work_uri(stage)}/{key(recipe, stage, inputs)}"
 
 
 def work_dir(recipe: Recipe, stage: str, inputs: StageInputs) -> tuple[str, str]:
@@ -56,19 +65,17 @@ def _marker(recipe: Recipe, stage: str, inputs: StageInputs) -> str:
 
 def mark_done(recipe: Recipe, stage: str, inputs: StageInputs) -> None:
     """Record that storage now holds what `stage` made from this recipe and these inputs."""
-    atomic_write_text(_marker(recipe, stage, inputs), recipe.cache_key(stage, inputs))
+    atomic_write_text(_marker(recipe, stage, inputs), key(recipe, stage, inputs))
 
 
 def outputs_exist(recipe: Recipe, stage: str, inputs: StageInputs) -> bool:
     """Whether a stage's outputs are still in storage, as this recipe and these inputs made
     them (a cached result is only reused if so)."""
     layout = Layout(recipe.storage_root)
-    paths = {
-        "problems": [layout.dataset("train_problems"), layout.dataset("eval_problems")],
-        "mine": [layout.dataset("hard_problems")],
-        "evaluate": [f"{layout.reports(inputs.report_name)}/summary.json"],
-    }.get(stage)
-    if paths is None:  # a model stage
+    stored = find(recipe, stage).needs.stored
+    if stored:
+        paths = stored(layout, inputs)
+    else:  # a model stage
         paths = [
             f"{layout.model(stage)}/{dirs.POINTER}"
             if is_remote(layout.root)
@@ -78,4 +85,4 @@ def outputs_exist(recipe: Recipe, stage: str, inputs: StageInputs) -> bool:
     if not all(fs.exists(filesystem(p)[1]) for p in paths):
         return False
     fs, marker = filesystem(_marker(recipe, stage, inputs))
-    return fs.exists(marker) and fs.cat_file(marker).decode() == recipe.cache_key(stage, inputs)
+    return fs.exists(marker) and fs.cat_file(marker).decode() == key(recipe, stage, inputs)

@@ -15,7 +15,6 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-import rstar
 from rstar.agent.format import STYLES
 from rstar.agent.sampling import Sampling
 from rstar.data import check_names, synth
@@ -28,7 +27,6 @@ from rstar.data.sources import column_error
 from rstar.errors import NotRetryable
 from rstar.eval.benchmarks import BENCHMARKS
 from rstar.eval.config import EvalConfig
-from rstar.pipeline.records import StageInputs
 from rstar.pipeline.verdict import Expect
 from rstar.train.config import RLConfig, SFTConfig
 
@@ -199,44 +197,10 @@ class Recipe(_Strict):
 
     def digest(self) -> str:
         """Content digest of the whole resolved recipe."""
-        return _digest(self.model_dump(mode="json"))
-
-    def section(self, stage: str) -> dict:
-        """The part of the recipe a stage's result depends on (with its inputs' digests, its
-        cache key): editing the evaluation protocol does not re-run SFT."""
-        dump = self.model_dump(mode="json")
-        # the engine too where it runs the stage (verl or the local trainer; replicas or in
-        # process): switching it must not serve the other engine's result from cache
-        parts = {
-            "base": ["base"],
-            "problems": ["train_problems", "eval_problems"],
-            "sft": ["sft", "prompt_style", "engine"],
-            "mine": ["mine", "prompt_style", "engine"],
-            "evaluate": ["eval", "expect", "prompt_style", "engine"],
-        }
-        if stage in parts:
-            return {k: dump[k] for k in parts[stage]}
-        return {
-            "rl": next(s for s in dump["rl"] if s["name"] == stage),
-            "prompt_style": self.prompt_style,
-            "engine": self.engine,
-        }
-
-    def cache_key(self, stage: str, inputs: StageInputs) -> str:
-        """Names a stage's outputs: its recipe section, inputs, storage root and the code's
-        version (bumped when a change alters what a stage produces, so no stale result is
-        served)."""
-        return f"{self.name}-{stage}-" + _digest(
-            {
-                "section": self.section(stage),
-                "root": self.storage_root,
-                "inputs": inputs.key(),
-                "version": rstar.__version__,
-            }
-        )
+        return json_digest(self.model_dump(mode="json"))
 
 
-def _digest(obj) -> str:
+def json_digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

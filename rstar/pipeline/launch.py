@@ -16,6 +16,7 @@ from rstar.cluster import ensure_ray
 from rstar.pipeline.config import Recipe
 from rstar.pipeline.layout import Layout
 from rstar.pipeline.records import StageInputs, StageOutput
+from rstar.pipeline.stage_table import find
 
 # Settings a stage takes from the machine that launches it: storage endpoints and credentials,
 # MLflow settings, project settings, torch's kernel choice (ATEN_CPU_CAPABILITY). A local Ray
@@ -118,8 +119,8 @@ def shortfall(stage: str, recipe: Recipe, nodes: list[dict]) -> str | None:
         for kind, need in (("CPU", recipe.resources.cpus), ("GPU", driver_gpus(stage, recipe)))
         if need > total[kind]
     ]
-    workers = stage in {"sft", "mine", "evaluate"} | {s.name for s in recipe.rl}
-    if recipe.engine == "verl" and recipe.resources.gpus and workers:
+    needs = find(recipe, stage).needs
+    if recipe.engine == "verl" and recipe.resources.gpus and (needs.trains or needs.serves):
         per_node, wanted = recipe.resources.gpus, recipe.resources.nodes
         fit = sum(1 for r in alive if r.get("GPU", 0) >= per_node)
         if fit < wanted:

@@ -16,31 +16,15 @@ import sys
 
 from rstar.errors import NotRetryable
 from rstar.pipeline import verl_stages
-from rstar.pipeline.config import ConfigError, Recipe
+from rstar.pipeline.config import Recipe
 from rstar.pipeline.layout import Layout
+from rstar.pipeline.stage_table import Stage, recipe_stages
 from rstar.storage import dirs
 from rstar.train.verl_launcher import DEFAULT_PROMPT_TOKENS
 
 
 class PlanError(NotRetryable, ValueError):
     """A stage verl would refuse; the message names the stage and what verl said."""
-
-
-def stage_names(recipe: Recipe) -> list[str]:
-    """The stages in the order the pipeline runs them (mining right after `mine.after`)."""
-    names = ["base", "problems", "sft"]
-    for s in recipe.rl:
-        names.append(s.name)
-        if s.name == recipe.mine.after:
-            names.append("mine")
-    return names + ["evaluate"]
-
-
-def check_until(recipe: Recipe, until: str | None) -> None:
-    """A run asked to stop after `until` names one of the recipe's stages."""
-    if until is not None and until not in stage_names(recipe):
-        names = ", ".join(stage_names(recipe))
-        raise ConfigError(f"until: {until!r} is no stage of recipe {recipe.name} ({names})")
 
 
 def compose_verl(overrides: list[str], config_name: str = "ppo_trainer"):
@@ -87,43 +71,30 @@ PLACEHOLDERS = (
 )
 
 
-def _verl_command(
-    recipe: Recipe, layout: Layout, name: str, before: str, gpu=None
-) -> list[str] | None:
-    """The verl command stage `name` will run (None for a stage verl does not run), checked;
-    with the placeholders `PLACEHOLDERS` names (`gpu`: the stage's GPU settings)."""
+def _verl_command(recipe: Recipe, layout: Layout, stage: Stage, rl, gpu=None) -> list[str] | None:
+    """The verl command `stage` will run (None for a stage verl does not run), checked; with the
+    placeholders `PLACEHOLDERS` names (`rl`: its RL config if it is an RL stage, `gpu`: its GPU
+    settings)."""
     from dataclasses import replace
 
     from rstar.train.verl_launcher import verl_command
-    from rstar.train.verl_sft import sft_command
 
-    rl = next((s for s in recipe.rl if s.name == name), None)
-    if recipe.engine != "verl" or (rl is None and name != "sft"):
+    if recipe.engine != "verl" or not stage.needs.trains:
         return None
+    name = stage.name
     # named at run time by the recipe and inputs (rstar.pipeline.cache.work_dir)
     work = f"{layout.work_uri(name)}/RUN"
     device, n_gpus = verl_stages.device(recipe), verl_stages.gpus_per_node(recipe)
+    model = dirs.local_dir(layout.model(stage.model_from))
     if rl is None:
-        cmd, check = (
-            sft_command(
-                replace(recipe.sft.train, prompt_style=recipe.prompt_style),
-                model=dirs.local_dir(layout.model(before)),
-                train_files=layout.dataset("sft"),
-                out_dir=work,
-                n_gpus=n_gpus,
-                nodes=recipe.resources.nodes,
-                experiment=recipe.tracking.experiment,
-                device=device,
-                gpu=gpu,
-            ),
-            check_verl_sft,
-        )
+        cmd = verl_stages.sft_command(recipe, model, layout.dataset("sft"), work)
+        check = check_verl_sft
     else:
         cmd, check = (
             verl_command(
                 replace(rl, prompt_style=recipe.prompt_style),
                 gpu=gpu,
-                model=dirs.local_dir(layout.model(before)),
+                model=model,
                 train_files=f"{work}/verl_train.parquet",
                 val_files=f"{work}/verl_val.parquet",
                 agent_loop_config=f"{work}/agent_loops.yaml",
@@ -152,21 +123,23 @@ def plan(recipe: Recipe) -> list[dict]:
     from rstar.pipeline.stages import serving
 
     layout = Layout(recipe.storage_root)
-    stages, before = [], "base"
-    for name in stage_names(recipe):
+    stages = []
+    for stage in recipe_stages(recipe):
+        name = stage.name
         rl = next((s for s in recipe.rl if s.name == name), None)
-        verl_rl = rl and recipe.engine == "verl"
-        gpu = verl_stages.gpu_settings(recipe, rl, DEFAULT_PROMPT_TOKENS) if verl_rl else None
-        if name == "sft" and recipe.engine == "verl":
-            gpu = verl_stages.sft_gpu_settings(recipe)
-        command = _verl_command(recipe, layout, name, before, gpu)
+        gpu = None
+        if recipe.engine == "verl" and stage.needs.trains:
+            gpu = (
+                verl_stages.gpu_settings(recipe, rl, DEFAULT_PROMPT_TOKENS)
+                if rl
+                else verl_stages.sft_gpu_settings(recipe)
+            )
+        command = _verl_command(recipe, layout, stage, rl, gpu)
         engine = "verl" if command else "local"
         if name == "base" and not recipe.base.build_tiny:
             engine = "gguf" if recipe.base.gguf else "files"  # files: copied, never loaded
-        if name == "sft" or any(s.name == name for s in recipe.rl):
-            before = name
         resources = {"cpus": recipe.resources.cpus, "gpus": driver_gpus(name, recipe)}
-        served = serving(recipe) if name in ("mine", "evaluate") else {}
+        served = serving(recipe) if stage.needs.serves else {}
         if served:  # the model in engine replicas (Ray actors), not in the stage's process
             engine = f"{served['kind']}-replicas"
             resources["replicas"] = served["replicas"]

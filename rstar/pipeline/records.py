@@ -4,7 +4,7 @@ content digest of what is there), never the data itself.
 The flow builds each stage's `StageInputs` from earlier stages' `StageOutput`s. Both are
 plain dataclasses: Prefect persists an output as its task's result, Ray ships both to the
 stage's worker, and `StageInputs.key()` is the part of a stage's cache key that names its
-inputs (rstar.pipeline.config.Recipe.cache_key).
+inputs (rstar.pipeline.cache.key).
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from rstar.eval.metrics import overall_accuracy
 from rstar.pipeline.records import StageOutput
+from rstar.pipeline.stage_table import trained_stages
 from rstar.tracking import mlflow_log as ml
-
-RECIPE_STAGES = ("sft", "rl1", "rl2", "mine", "rl3")
 
 
 def stage_seconds(recipe, outs: dict[str, StageOutput]) -> dict[str, float]:
@@ -29,7 +28,7 @@ def pipeline_report(recipe, outs: dict[str, StageOutput]) -> dict:
     report = {
         "metrics": {stage: out.metrics for stage, out in outs.items() if stage != "evaluate"},
         "seconds": seconds,
-        "recipe_seconds": sum(seconds.get(s, 0.0) for s in RECIPE_STAGES),
+        "recipe_seconds": sum(seconds.get(s, 0.0) for s in trained_stages(recipe)),
     }
     if "evaluate" not in outs:  # a run stopped before it (--until)
         return report

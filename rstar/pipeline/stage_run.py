@@ -12,6 +12,7 @@ from __future__ import annotations
 from rstar.pipeline.cache import resumes, work_uri
 from rstar.pipeline.config import Recipe
 from rstar.pipeline.records import StageInputs
+from rstar.pipeline.stage_table import section
 from rstar.storage import atomic_write_text, filesystem
 from rstar.tracking import mlflow_log as ml
 
@@ -34,7 +35,7 @@ def open_stage_run(
         recipe.tracking.experiment,
         stage,
         parent=parent,
-        params=recipe.section(stage),
+        params=section(recipe, stage),
         tags=tags,
     )
     if marker:

@@ -25,6 +25,7 @@ from rstar.pipeline.layout import Layout
 from rstar.pipeline.progress import StepClock
 from rstar.pipeline.publish import load, model_output, publish, save
 from rstar.pipeline.records import Evaluation, StageInputs, StageOutput, Stored
+from rstar.pipeline.stage_table import find
 from rstar.storage import dirs, filesystem, is_remote, remove_tree
 from rstar.tracking.digest import digest
 from rstar.tracking.mlflow_log import EVAL_LABEL
@@ -203,9 +204,8 @@ def sft(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput
     )
     data = write_table(rows, layout.dataset("sft"), "sft")
     log.dataset(data, "sft_chats", digest(data), context="training")
-    cfg = replace(spec.train, prompt_style=recipe.prompt_style)
     if recipe.engine == "verl":
-        merged = verl_stages.sft(recipe, inputs, log, cfg, data)
+        merged = verl_stages.sft(recipe, inputs, log, data)
         copying = {}
         # the copy probes are the tiny model's diagnostic; a real one is never loaded here
         if recipe.base.build_tiny:
@@ -217,6 +217,7 @@ def sft(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput
             "sft",
             copying,
         )
+    cfg = replace(spec.train, prompt_style=recipe.prompt_style)
     model, tok = load(inputs.model.uri)
     clock = StepClock(cfg.epochs * -(-len(rows) // cfg.batch_size), "sft", every=50)
     history = train_sft(model, tok, rows, cfg, on_step=lambda s, m: _progress(log, clock, s, m))
@@ -499,17 +500,21 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
     )
 
 
-STAGES = {"base": base, "problems": problems, "sft": sft, "mine": mine, "evaluate": evaluate}
+# each kind's body (rstar.pipeline.stage_table.KINDS); the RL stages share one, told which
+BODIES = {
+    "base": base,
+    "problems": problems,
+    "sft": sft,
+    "rl": rl,
+    "mine": mine,
+    "evaluate": evaluate,
+}
 
 
 def run(stage: str, recipe: Recipe, inputs: StageInputs, log) -> StageOutput:
     """Run one stage by name (RL stages by their recipe names) and mark its outputs done."""
-    layout = Layout(recipe.storage_root)
-    if stage in STAGES:
-        out = STAGES[stage](recipe, layout, inputs, log)
-    elif stage in {s.name for s in recipe.rl}:
-        out = rl(recipe, layout, inputs, log, stage=stage)
-    else:
-        raise ValueError(f"unknown stage {stage!r}")
+    kind = find(recipe, stage).kind
+    named = {"stage": stage} if kind == "rl" else {}
+    out = BODIES[kind](recipe, Layout(recipe.storage_root), inputs, log, **named)
     cache.mark_done(recipe, stage, inputs)
     return out

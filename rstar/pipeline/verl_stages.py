@@ -87,16 +87,14 @@ def sft_gpu_settings(recipe: Recipe):
     )
 
 
-def sft(recipe: Recipe, inputs: StageInputs, log, cfg, data: str) -> str:
-    """verl's Ray SFT trainer (rstar.train.verl_sft) on the chats in `data`; returns the merged
-    model's directory. verl resumes from its checkpoint of the last finished epoch."""
-    from rstar.train.verl_sft import last_checkpoint, sft_command
+def sft_command(recipe: Recipe, model: str, data: str, work: str) -> list[str]:
+    """The command of verl's Ray SFT trainer (rstar.train.verl_sft) for the recipe's SFT, from
+    the model in `model` on the chats in `data`, checkpoints in `work`."""
+    from rstar.train.verl_sft import sft_command
 
-    work, _ = cache.work_dir(recipe, "sft", inputs)
-    os.makedirs(work, exist_ok=True)
-    cmd = sft_command(
-        cfg,
-        model=dirs.pull(inputs.model.uri),
+    return sft_command(
+        replace(recipe.sft.train, prompt_style=recipe.prompt_style),
+        model=model,
         train_files=data,
         out_dir=work,
         n_gpus=gpus_per_node(recipe),
@@ -105,6 +103,16 @@ def sft(recipe: Recipe, inputs: StageInputs, log, cfg, data: str) -> str:
         device=device(recipe),
         gpu=sft_gpu_settings(recipe),
     )
+
+
+def sft(recipe: Recipe, inputs: StageInputs, log, data: str) -> str:
+    """verl's Ray SFT trainer on the chats in `data`; returns the merged model's directory. verl
+    resumes from its checkpoint of the last finished epoch."""
+    from rstar.train.verl_sft import last_checkpoint
+
+    work, _ = cache.work_dir(recipe, "sft", inputs)
+    os.makedirs(work, exist_ok=True)
+    cmd = sft_command(recipe, dirs.pull(inputs.model.uri), data, work)
     return _run(cmd, "sft", log, work, recipe, lambda: last_checkpoint(work))
 
 

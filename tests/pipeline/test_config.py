@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from rstar.pipeline import cache
 from rstar.pipeline.config import ConfigError, load_recipe
 from rstar.pipeline.records import ModelRef, StageInputs
 
@@ -78,11 +79,11 @@ def test_cache_keys_change_only_for_the_stages_a_change_touches():
     changed = load_recipe(TINY, {"eval.k": 8, "rl.2.steps": 3})
     inputs = StageInputs(model=ModelRef("m", "abc"))
     for stage in ("base", "problems", "sft", "rl1", "rl2", "mine"):
-        assert base.cache_key(stage, inputs) == changed.cache_key(stage, inputs)
+        assert cache.key(base, stage, inputs) == cache.key(changed, stage, inputs)
     for stage in ("rl3", "evaluate"):
-        assert base.cache_key(stage, inputs) != changed.cache_key(stage, inputs)
-    assert base.cache_key("sft", inputs) != base.cache_key(
-        "sft", StageInputs(model=ModelRef("m", "def"))
+        assert cache.key(base, stage, inputs) != cache.key(changed, stage, inputs)
+    assert cache.key(base, "sft", inputs) != cache.key(
+        base, "sft", StageInputs(model=ModelRef("m", "def"))
     )
 
 
@@ -91,11 +92,11 @@ def test_a_new_code_version_changes_every_cache_key(monkeypatch):
 
     recipe = load_recipe(TINY)
     before = {
-        stage: recipe.cache_key(stage, StageInputs())
+        stage: cache.key(recipe, stage, StageInputs())
         for stage in ("base", "sft", "rl1", "evaluate")
     }
     monkeypatch.setattr(rstar, "__version__", rstar.__version__ + ".post1")
-    assert all(recipe.cache_key(stage, StageInputs()) != key for stage, key in before.items())
+    assert all(cache.key(recipe, stage, StageInputs()) != old for stage, old in before.items())
 
 
 def test_the_paper_recipe_validates_and_its_inputs_are_checked(s3):
@@ -219,6 +220,6 @@ def test_switching_the_engine_changes_the_cache_key_of_every_stage_it_runs():
     verl = load_recipe("configs/tiny-verl.yaml")
     inputs = StageInputs(model=ModelRef("m", "d"))
     for stage in ("base", "problems"):  # made the same way by either
-        assert local.cache_key(stage, inputs) == verl.cache_key(stage, inputs)
+        assert cache.key(local, stage, inputs) == cache.key(verl, stage, inputs)
     for stage in ("sft", "rl1", "mine", "evaluate"):  # verl's SFT trainer is not the local one
-        assert local.cache_key(stage, inputs) != verl.cache_key(stage, inputs)
+        assert cache.key(local, stage, inputs) != cache.key(verl, stage, inputs)

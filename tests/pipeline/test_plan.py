@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 from flows.cli import app
 from rstar.pipeline.config import load_recipe
 from rstar.pipeline.layout import Layout
-from rstar.pipeline.plan import check_verl, check_verl_sft, stage_names
+from rstar.pipeline.plan import check_verl, check_verl_sft
+from rstar.pipeline.stage_table import stage_names
 from rstar.storage import dirs
 
 
