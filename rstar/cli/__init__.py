@@ -49,6 +49,7 @@ app.command("lineage")(model.lineage_command)
 app.command("bench-scheduler")(bench.bench_scheduler_command)
 app.command("bench-peers")(bench.bench_peers_command)
 app.command("bench-engines")(bench.bench_engines_command)
+app.command("bench-lora")(bench.bench_lora_command)
 
 
 def main(command: typer.Typer = app) -> None:

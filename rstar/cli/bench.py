@@ -1,11 +1,27 @@
 """Benchmarks of the library with a command of their own: `rstar bench-scheduler` (the static
 split against the KV-aware balanced scheduler), `rstar bench-engines` (the embedded HF engine
-against vLLM's CPU build) and `rstar bench-peers` (the project against what people would pick
-instead, on the same work). Each writes its section of docs/benchmarks.md."""
+against vLLM's CPU build), `rstar bench-lora` (full fine-tuning against LoRA) and `rstar
+bench-peers` (the project against what people would pick instead, on the same work). Each
+writes its section of docs/benchmarks.md."""
 
 from __future__ import annotations
 
 import typer
+
+
+def bench_lora_command(
+    model: str = typer.Option(..., help="A Hugging Face model directory (a run's models/base)."),
+    rows: int = typer.Option(4, min=1, help="Rows per micro-batch (configs/smollm2.yaml: 4)."),
+    tokens: int = typer.Option(512, min=8, help="Tokens per row."),
+    rounds: int = typer.Option(3, min=1, help="Timed steps of each variant, alternating."),
+    lora_rank: int = typer.Option(16, min=1),
+    out: str = typer.Option("docs/benchmarks.md"),
+) -> None:
+    """A training step of a real model on this CPU, full fine-tuning against LoRA (peft):
+    seconds a step and trainable state -> docs/benchmarks.md."""
+    from rstar.bench.lora import run
+
+    run(model, rows, tokens, rounds, lora_rank, out)
 
 
 def bench_peers_command(
