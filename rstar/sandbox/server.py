@@ -227,16 +227,23 @@ def create_app(
         added = service.add_remote(node.url)
         return {"url": added.url, "nodes": len(service.nodes)}
 
-    async def execute(request: Request) -> Response:
-        """The hot path, so plain Starlette + msgspec (parsed and checked in one pass, results
-        encoded straight from their dataclasses); FastAPI's per-request work cost more here
-        than running the call."""
+    async def calls_of(request: Request) -> list | Response:
+        """An execute request's calls, parsed and checked in one pass (msgspec), or the 422
+        answer to a body that is not one."""
         try:
             body = decode_execute(await request.body())
         except msgspec.DecodeError as e:  # bad JSON, or a ValidationError (a DecodeError too)
             return _unprocessable([_msgspec_problem(e)])
         _check_sizes(service, [(f"requests.{i}.code", r.code) for i, r in enumerate(body.requests)])
-        return json_response({"results": await service.run_many(body.requests)})
+        return body.requests
+
+    async def execute(request: Request) -> Response:
+        """The hot path, so plain Starlette + msgspec (results encoded straight from their
+        dataclasses); FastAPI's per-request work cost more here than running the call."""
+        calls = await calls_of(request)
+        if isinstance(calls, Response):
+            return calls
+        return json_response({"results": await service.run_many(calls)})
 
     app.add_route("/v1/execute", execute, methods=["POST"])
 
@@ -244,12 +251,10 @@ def create_app(
         """/v1/execute's calls, each answered by a line (`Answer`, NDJSON) as soon as it ends:
         a slow call holds no other call of its batch. Used by the client and by a head relaying
         to its workers."""
-        try:
-            body = decode_execute(await request.body())
-        except msgspec.DecodeError as e:
-            return _unprocessable([_msgspec_problem(e)])
-        _check_sizes(service, [(f"requests.{i}.code", r.code) for i, r in enumerate(body.requests)])
-        futures = await service.submit(body.requests)
+        calls = await calls_of(request)
+        if isinstance(calls, Response):
+            return calls
+        futures = await service.submit(calls)
         index = {f: i for i, f in enumerate(futures)}
 
         async def answers():

@@ -118,10 +118,11 @@ def test_health_and_stats(http):
     ],
 )
 def test_malformed_requests_get_a_4xx_naming_the_problem(http, body, status, names):
-    path = "/run/batch" if b"submissions" in body else "/v1/execute"
-    r = http.post(path, content=body, headers={"content-type": "application/json"})
-    assert r.status_code == status
-    assert names in r.json()["detail"]
+    paths = ["/run/batch"] if b"submissions" in body else ["/v1/execute", "/v1/execute/stream"]
+    for path in paths:
+        r = http.post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == status, path
+        assert names in r.json()["detail"], path
     assert (
         http.post("/v1/execute", json={"requests": [{"code": "'still serving'"}]}).json()[
             "results"
