@@ -141,7 +141,8 @@ def verl_steps(
     # every rollout sampled, one file per step, as the local trainer writes them
     for step, m in by_step.items():
         rows = read_table(
-            f"{Layout(str(tmp_path)).trajectories('rl1')}/step={step:05d}.parquet", "trajectories"
+            f"{Layout(str(tmp_path)).trajectories(kw.get('name', 'rl1'))}/step={step:05d}.parquet",
+            "trajectories",
         ).to_pylist()
         assert len(rows) == m["rollout/rollouts"] and sum(r["kept"] for r in rows) == m["roc/kept"]
         assert sum(r["reward"] > 0 for r in rows) / len(rows) == m["rollout/accuracy"]
