@@ -87,11 +87,14 @@ class Stage:
             problems=problems,
             models={m: outs[m].model for m in self.evaluates},
             # what the verdict says of copying, before and after SFT (rstar.eval.copying)
-            copying={
-                m: {k: v for k, v in outs[m].metrics.items() if k.startswith("copy_")}
-                for m in ("base", "sft")
+            copying=(
+                {
+                    m: {k: v for k, v in outs[m].metrics.items() if k.startswith("copy_")}
+                    for m in ("base", "sft")
+                }
                 if self.evaluates
-            },
+                else {}
+            ),
         )
 
 

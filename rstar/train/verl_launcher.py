@@ -158,7 +158,7 @@ def verl_overrides(
         "trainer.val_before_train=false",
         f"trainer.test_freq={cfg.steps if val_files else -1}",
         f"trainer.project_name={hydra_value(experiment)}",
-        f"trainer.experiment_name={cfg.name}",
+        f"trainer.experiment_name={hydra_value(cfg.name)}",
         "trainer.logger=[console,mlflow]",
         *(
             [f"actor_rollout_ref.rollout.router_config_path={hydra_value(router_config)}"]

@@ -538,7 +538,8 @@ def test_paths_with_equals_signs_and_commas_reach_verl_as_they_are():
         "trajectories": f"{root}/trajectories/stage=rl1",
         "experiment": "exp=1,2",
     }
-    cfg = compose_verl(verl_overrides(STAGE, sandbox_url="http://s:1/?a=b", n_gpus=8, **paths))
+    stage = replace(STAGE, name="rl=1,b")
+    cfg = compose_verl(verl_overrides(stage, sandbox_url="http://s:1/?a=b", n_gpus=8, **paths))
     got = {
         "model": cfg.actor_rollout_ref.model.path,
         "train_files": cfg.data.train_files,
@@ -551,6 +552,7 @@ def test_paths_with_equals_signs_and_commas_reach_verl_as_they_are():
         "experiment": cfg.trainer.project_name,
     }
     assert got == paths and cfg.rstar.sandbox_url == "http://s:1/?a=b"
+    assert cfg.trainer.experiment_name == "rl=1,b"
     sft = compose_verl(
         sft_overrides(
             SFTConfig(),
