@@ -134,6 +134,16 @@ def problem_messages(problem: str, style: str = "paper") -> list[dict]:
     return STYLES[style].messages(problem)
 
 
+def prompt_ids(tokenizer, problem: str, style: str = "paper") -> list[int]:
+    """The tokens a rollout of `problem` starts from: system, tools and the problem in the
+    model's chat template, up to the assistant header."""
+    s = STYLES[style]
+    text = tokenizer.apply_chat_template(
+        s.messages(problem), tools=s.tools, tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 STYLE_FILE = "rstar.json"  # beside a trained checkpoint: the prompt style it was trained with
 
 

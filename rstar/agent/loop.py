@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from rstar.agent.format import IM_END, STYLES, parse_tool_calls, tool_turn
+from rstar.agent.format import IM_END, parse_tool_calls, prompt_ids, tool_turn
 from rstar.agent.sampling import Sampling
 from rstar.sandbox.result import ExecRequest, ExecResult, Status
 
@@ -48,12 +48,6 @@ def rollout_id_of(request_id: str) -> str:
 
 class Sandbox(Protocol):
     async def run_many(self, reqs: list[ExecRequest]) -> list[ExecResult]: ...
-
-
-@dataclass
-class LoopConfig:
-    sampling: Sampling = field(default_factory=Sampling)
-    prompt_style: str = "paper"  # a key of rstar.agent.format.STYLES
 
 
 @dataclass
@@ -166,26 +160,31 @@ class AgentLoop:
     """Runs one problem to a `Trajectory`: the prompt in the model's chat template, then turns of
     generation (`engine`) and tool calls (`sandbox`, all of a turn's calls at once) with their
     responses appended as a user turn, until the model answers, a turn has no call, or the turn
-    or token budget (`cfg`) runs out. It records every token with its log-prob and whether the
-    model generated it (the loss mask), and each tool call's status."""
+    or token budget (`sampling`) runs out. It records every token with its log-prob and whether
+    the model generated it (the loss mask), and each tool call's status.
+
+    `sampling` is a recipe's block for this use (RL stage, mining, evaluation) as it is, and
+    `prompt_style` the recipe's: the loop has no settings of its own."""
 
     def __init__(
-        self, engine: Engine, tokenizer, sandbox: Sandbox, cfg: LoopConfig | None = None
+        self,
+        engine: Engine,
+        tokenizer,
+        sandbox: Sandbox,
+        sampling: Sampling,
+        prompt_style: str = "paper",
     ) -> None:
         self.engine = engine
         self.tok = tokenizer
         self.sandbox = sandbox
-        self.cfg = cfg or LoopConfig()
+        self.sampling = sampling
+        self.prompt_style = prompt_style  # a key of rstar.agent.format.STYLES
         self.stop_ids = [tokenizer.convert_tokens_to_ids(IM_END)]
         if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in self.stop_ids:
             self.stop_ids.append(tokenizer.eos_token_id)
 
     def prompt_ids(self, problem: str) -> list[int]:
-        style = STYLES[self.cfg.prompt_style]
-        text = self.tok.apply_chat_template(
-            style.messages(problem), tools=style.tools, tokenize=False, add_generation_prompt=True
-        )
-        return self.tok.encode(text, add_special_tokens=False)
+        return prompt_ids(self.tok, problem, self.prompt_style)
 
     async def run(self, problem: str, request_id: str) -> Trajectory:
         try:
@@ -195,11 +194,11 @@ class AgentLoop:
                 finished(request_id)
 
     async def _turns(self, problem: str, request_id: str) -> Trajectory:
-        cfg = self.cfg.sampling
+        sampling = self.sampling
         traj = Trajectory(request_id, self.prompt_ids(problem))
         texts: list[str] = []
-        for turn in range(1, cfg.max_turns + 1):
-            budget = cfg.max_response_tokens - len(traj.response_ids)
+        for turn in range(1, sampling.max_turns + 1):
+            budget = sampling.max_response_tokens - len(traj.response_ids)
             if budget <= 0:
                 traj.finish_reason = "length_limit"
                 break
@@ -209,8 +208,8 @@ class AgentLoop:
                 traj.prompt_ids + traj.response_ids,
                 {
                     "max_tokens": budget,
-                    "temperature": cfg.temperature,
-                    "top_p": cfg.top_p,
+                    "temperature": sampling.temperature,
+                    "top_p": sampling.top_p,
                     "stop_token_ids": self.stop_ids,
                 },
             )
@@ -226,12 +225,12 @@ class AgentLoop:
             if not calls:
                 traj.finish_reason = "answered" if "<answer>" in text else "no_tool_call"
                 break
-            if turn == cfg.max_turns:
+            if turn == sampling.max_turns:
                 traj.finish_reason = "turn_limit"
                 break
             responses = await self._run_tools(calls, turn, traj)
             tail = self.tok.encode(tool_turn(responses), add_special_tokens=False)
-            room = cfg.max_response_tokens - len(traj.response_ids)
+            room = sampling.max_response_tokens - len(traj.response_ids)
             traj._append(tail[:room], False)
             texts.append(self.tok.decode(tail[:room], skip_special_tokens=False))
             if len(tail) > room:
@@ -242,13 +241,13 @@ class AgentLoop:
 
     async def _run_tools(self, calls, turn: int, traj: Trajectory) -> list[str]:
         """Run a turn's calls concurrently; unusable calls answer with their parse error."""
-        cfg = self.cfg.sampling
+        sampling = self.sampling
         runnable = [c for c in calls if c.error is None]
         start = time.monotonic()
         results = iter(
             await self.sandbox.run_many(
                 [
-                    ExecRequest(c.arguments["code"], c.arguments["input"], cfg.tool_timeout_s)
+                    ExecRequest(c.arguments["code"], c.arguments["input"], sampling.tool_timeout_s)
                     for c in runnable
                 ]
             )
@@ -264,7 +263,7 @@ class AgentLoop:
             traj.tool_calls.append(
                 ToolRecord(turn, call.arguments["code"], res.status.value, res.wall_s, res.reason)
             )
-            responses.append(tool_response(res, self.tok, cfg.max_tool_response_tokens))
+            responses.append(tool_response(res, self.tok, sampling.max_tool_response_tokens))
         return responses
 
     async def run_many(self, problems: list[tuple[str, str]]) -> list[Trajectory]:

@@ -1,6 +1,6 @@
 """How rollouts are sampled: the one home of these settings and their defaults. A recipe has a
 `sampling:` block per use (each RL stage, mining, evaluation: rstar.pipeline.config), passed
-as it is to the agent loop (rstar.agent.loop.LoopConfig) and, on the cluster path, to verl."""
+as it is to the agent loop (rstar.agent.loop.AgentLoop) and, on the cluster path, to verl."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from rstar.agent.format import TOOL_SCHEMA
-from rstar.agent.loop import AgentLoop, Generation, LoopConfig, rollout_id_of
+from rstar.agent.loop import AgentLoop, Generation, rollout_id_of
 from rstar.agent.sampling import Sampling
 from rstar.reward.extract import extract_answer
 from rstar.reward.score import score
@@ -126,9 +126,14 @@ class RStarAgentLoop(AgentLoopBase):
             top_p=sampling_params.get("top_p", sampling.top_p),
             max_response_tokens=response_length,
         )
-        cfg = LoopConfig(sampling, rcfg["prompt_style"])
         sandbox = await sandbox_client(rcfg["sandbox_url"])
-        loop = AgentLoop(ServerManagerEngine(self.server_manager), self.tokenizer, sandbox, cfg)
+        loop = AgentLoop(
+            ServerManagerEngine(self.server_manager),
+            self.tokenizer,
+            sandbox,
+            sampling,
+            rcfg["prompt_style"],
+        )
         extra = kwargs.get("extra_info") or {}
         traj = await loop.run(extra["problem"], uuid4().hex)
         # verl pads prompts to this width, never cuts

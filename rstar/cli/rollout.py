@@ -43,7 +43,6 @@ def rollout_command(
     ),
 ) -> None:
     """Sample rollouts through the agent loop and the local engine; print a summary."""
-    from rstar.agent.loop import LoopConfig
     from rstar.cluster import ray_session
     from rstar.data.io import read_table, write_table
     from rstar.rollout.open import open_agent_loop
@@ -58,17 +57,15 @@ def rollout_command(
     console = Console()
     rows = read_table(problems, "problems").to_pylist()
     rows = rows[:limit] if limit else rows
-    cfg = LoopConfig(
-        Sampling(
-            max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature
-        )
+    sampling = Sampling(
+        max_turns=max_turns, max_response_tokens=max_response_tokens, temperature=temperature
     )
     actors = replicas if replicas > 1 else 0  # one engine runs in this process
 
     async def main():
         async with open_agent_loop(
             model,
-            cfg,
+            sampling,
             replicas=actors,
             kind=engine,
             scheduler=scheduler,

@@ -48,9 +48,9 @@ async def evaluate(
     prompt per sample and are scored by the letter in the boxed answer; their records' `answer`
     is the text of the chosen option, so majority votes count the same option across samples.
     `loop` samples as the protocol says (`cfg.sampling`; evaluate_model builds it so)."""
-    if loop.cfg.sampling != cfg.sampling:
+    if loop.sampling != cfg.sampling:
         raise ValueError(
-            f"the agent loop samples with {loop.cfg.sampling}, the evaluation protocol says "
+            f"the agent loop samples with {loop.sampling}, the evaluation protocol says "
             f"{cfg.sampling}"
         )
     plain = [p for p in problems if "choices" not in json.loads(p["metadata"])]
@@ -107,13 +107,13 @@ def evaluate_model(
     sandbox, or `replicas` engine replicas and a sandbox service (rstar.rollout.open)."""
     import asyncio
 
-    from rstar.agent.loop import LoopConfig
     from rstar.rollout.open import open_agent_loop
 
     async def run() -> tuple[list[dict], dict]:
         async with open_agent_loop(
             model_dir,
-            LoopConfig(cfg.sampling, prompt_style),
+            cfg.sampling,
+            prompt_style=prompt_style,
             replicas=replicas,
             kind=kind,
             seed=cfg.seed,

@@ -124,7 +124,7 @@ class MineSection(_Strict):
     k: int = 4  # rollouts per problem; a problem solved k/k is easy
     problems: int | None = None  # mine among this many training problems (all by default),
     seed: int = 0  # drawn at random from the whole set with this seed
-    sampling: Sampling = Sampling()
+    sampling: Sampling = Field(default_factory=Sampling)
     # rollouts sampled at once (whole problems' groups): enough to keep every replica's KV
     # cache full, and no more, since the driver holds each until its group is written
     in_flight: int = Field(256, gt=0)

@@ -356,7 +356,6 @@ def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
     """Problems the given policy does not solve k/k: the training set of the last stage. Its
     rollouts stream to Parquet parts as they finish (rstar.rollout.runner.rollout_parts), so
     the driver holds only those running, and a retry resumes after the last part written."""
-    from rstar.agent.loop import LoopConfig
     from rstar.data.io import read_table, write_json, write_table
     from rstar.data.mine import candidates, mine_hard
     from rstar.reward.score import BatchScorer
@@ -368,7 +367,6 @@ def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
     rows = candidates(
         read_table(inputs.problems.uri, "problems").to_pylist(), spec.problems, spec.seed
     )
-    loop_cfg = LoopConfig(spec.sampling, recipe.prompt_style)
     # parts on storage belong to this policy and these problems only if this run's working
     # directory (keyed by both) says it started them; otherwise they are another run's
     _, work = cache.work_dir(recipe, "mine", inputs)
@@ -381,7 +379,10 @@ def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
 
     async def main() -> int:
         async with open_agent_loop(
-            dirs.pull(inputs.model.uri), loop_cfg, **serving(recipe)
+            dirs.pull(inputs.model.uri),
+            spec.sampling,
+            prompt_style=recipe.prompt_style,
+            **serving(recipe),
         ) as loop:
             with BatchScorer() as scorer:
                 return await rollout_parts(

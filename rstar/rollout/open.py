@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack, asynccontextmanager
 
-from rstar.agent.loop import AgentLoop, LoopConfig
+from rstar.agent.loop import AgentLoop
+from rstar.agent.sampling import Sampling
 
 VLLM_CHUNK_TOKENS = 2048
 
@@ -79,8 +80,9 @@ def _in_process(stack: AsyncExitStack, model_dir: str, kind: str, seed: int, max
 @asynccontextmanager
 async def open_agent_loop(
     model_dir: str,
-    cfg: LoopConfig,
+    sampling: Sampling,
     *,
+    prompt_style: str = "paper",
     replicas: int = 0,
     kind: str = "hf",
     scheduler: str = "balanced",
@@ -106,4 +108,6 @@ async def open_agent_loop(
         sandbox = await stack.enter_async_context(
             SandboxClient(sandbox_url) if sandbox_url else embedded_sandbox()
         )
-        yield AgentLoop(engine, AutoTokenizer.from_pretrained(model_dir), sandbox, cfg)
+        yield AgentLoop(
+            engine, AutoTokenizer.from_pretrained(model_dir), sandbox, sampling, prompt_style
+        )

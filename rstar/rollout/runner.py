@@ -280,12 +280,11 @@ def consistency_sampler(
 ):
     """An `AnswerSampler` for curation's consistency filter: k rollouts of each problem by the
     model in `model_dir` (local engine, in-process sandbox), returning their final answers."""
-    from rstar.agent.loop import LoopConfig
     from rstar.rollout.open import open_agent_loop
 
     def sample(problems: list[dict]) -> list[list[str | None]]:
         async def main() -> list[dict]:
-            async with open_agent_loop(model_dir, LoopConfig(sampling), seed=seed) as loop:
+            async with open_agent_loop(model_dir, sampling, seed=seed) as loop:
                 return await rollout(loop, problems, k, stage="consistency")
 
         answers: dict[str, list[str | None]] = {}

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import torch
 
-from rstar.agent.loop import AgentLoop, LoopConfig
+from rstar.agent.loop import AgentLoop
 from rstar.algo.loss import grpo_advantages, policy_loss
 from rstar.algo.roc import Rollout, keep_indices
 from rstar.data.io import write_table
@@ -113,11 +113,6 @@ async def train_from(
         )
         await trainer.run()
         return trainer
-
-
-def loop_config(cfg: RLConfig) -> LoopConfig:
-    """The agent loop's settings of an RL stage: what its rollouts are sampled with."""
-    return LoopConfig(cfg.sampling, cfg.prompt_style)
 
 
 def step_prompts(problems: list[dict], cfg: RLConfig, step: int) -> list[dict]:
@@ -231,7 +226,7 @@ class RLTrainer:
         """Train until `steps`, resuming from the stage's checkpoint when there is one."""
         self.started_as = self.try_resume()
         engine = HFEngine(self.model, seed=self.cfg.seed)
-        loop = AgentLoop(engine, self.tok, self.sandbox, loop_config(self.cfg))
+        loop = AgentLoop(engine, self.tok, self.sandbox, self.cfg.sampling, self.cfg.prompt_style)
         with BatchScorer(workers=1) as scorer:
             while self.step < self.cfg.steps:
                 self.step += 1

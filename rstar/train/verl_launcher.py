@@ -365,9 +365,7 @@ def longest_prompt(model_dir: str, problems: list[str], prompt_style: str) -> in
     """Tokens in the longest prompt the agent loop builds for `problems` (system, tools, user)."""
     from transformers import AutoTokenizer
 
-    from rstar.agent.loop import AgentLoop, LoopConfig
+    from rstar.agent.format import prompt_ids
 
-    loop = AgentLoop(
-        None, AutoTokenizer.from_pretrained(model_dir), None, LoopConfig(prompt_style=prompt_style)
-    )
-    return max(len(loop.prompt_ids(p)) for p in problems)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return max(len(prompt_ids(tok, p, prompt_style)) for p in problems)

@@ -14,7 +14,7 @@ from rstar.agent.format import (
     problem_messages,
     tool_turn,
 )
-from rstar.agent.loop import AgentLoop, Generation, LoopConfig
+from rstar.agent.loop import AgentLoop, Generation
 from rstar.agent.sampling import Sampling
 
 
@@ -145,7 +145,7 @@ async def test_multi_turn_record_and_mask(any_tokenizer, agent_sandbox):
         "<reason>done</reason>\n<answer>\\boxed{42}</answer>",
     ]
     engine = ScriptedEngine(tokenizer, turns)
-    traj = await AgentLoop(engine, tokenizer, agent_sandbox).run("What is 6*7?", "r1")
+    traj = await AgentLoop(engine, tokenizer, agent_sandbox, Sampling()).run("What is 6*7?", "r1")
     assert traj.finish_reason == "answered" and traj.turns == 3
     assert [(c.status, c.turn) for c in traj.tool_calls] == [("ok", 1), ("parse_error", 2)]
     assert traj.num_tool_errors == 1 and traj.num_answers == 1
@@ -174,13 +174,15 @@ async def test_multi_turn_record_and_mask(any_tokenizer, agent_sandbox):
     ids = traj.prompt_ids + traj.response_ids
     assert tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
     # generation stops at the end of a turn, and only there
-    assert AgentLoop(None, tokenizer, None).stop_ids == [tokenizer.convert_tokens_to_ids(IM_END)]
+    assert AgentLoop(None, tokenizer, None, Sampling()).stop_ids == [
+        tokenizer.convert_tokens_to_ids(IM_END)
+    ]
 
 
 async def test_finish_reasons(tokenizer, agent_sandbox):
     async def run(turns, **cfg):
         return await AgentLoop(
-            ScriptedEngine(tokenizer, turns), tokenizer, agent_sandbox, LoopConfig(Sampling(**cfg))
+            ScriptedEngine(tokenizer, turns), tokenizer, agent_sandbox, Sampling(**cfg)
         ).run("p", "r")
 
     assert (await run(["I just talk."])).finish_reason == "no_tool_call"
@@ -207,7 +209,7 @@ async def test_calls_in_one_turn_run_concurrently(tokenizer, agent_sandbox):
     slow = call("import time\ntime.sleep(0.6)\nprint('done')")
     engine = ScriptedEngine(tokenizer, [slow + slow + slow, "<answer>\\boxed{3}</answer>"])
     start = time.monotonic()
-    traj = await AgentLoop(engine, tokenizer, agent_sandbox).run("p", "r")
+    traj = await AgentLoop(engine, tokenizer, agent_sandbox, Sampling()).run("p", "r")
     assert [c.status for c in traj.tool_calls] == ["ok"] * 3
     assert traj.tool_s < 1.5 and time.monotonic() - start < 3  # not 3 x 0.6 s one after another
     assert traj.response_text.count("<tool_response>\ndone\n</tool_response>") == 3
@@ -231,7 +233,7 @@ def test_compact_style_keeps_the_format_and_drops_the_preamble(tokenizer):
         and short.endswith("What is 6*7?<|im_end|>\n<|im_start|>assistant\n")
     )
     assert len(tokenizer.encode(short)) * 4 < len(tokenizer.encode(long))
-    loop = AgentLoop(None, tokenizer, None, LoopConfig(prompt_style="compact"))
+    loop = AgentLoop(None, tokenizer, None, Sampling(), "compact")
     assert loop.prompt_ids("What is 6*7?") == tokenizer.encode(short, add_special_tokens=False)
 
 
@@ -255,7 +257,7 @@ async def test_the_runner_scores_a_truncated_rollout_zero_even_with_the_right_an
                 ScriptedEngine(tokenizer, [turn]),
                 tokenizer,
                 sandbox=None,
-                cfg=LoopConfig(Sampling(max_response_tokens=budget)),
+                sampling=Sampling(max_response_tokens=budget),
             )
             (record,) = await rollout(loop, [problem], 1, scorer=scorer)
             assert answer in loop.tok.decode(record["response_ids"])

@@ -68,7 +68,7 @@ async def test_evaluate_the_tiny_model(tiny_dir, tokenizer, agent_sandbox, tmp_p
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rstar.agent.loop import AgentLoop, LoopConfig
+    from rstar.agent.loop import AgentLoop
     from rstar.rollout.hf_engine import HFEngine
 
     sampling = Sampling(temperature=0.6, max_response_tokens=24, max_turns=2)
@@ -92,7 +92,7 @@ async def test_evaluate_the_tiny_model(tiny_dir, tokenizer, agent_sandbox, tmp_p
         engine,
         tokenizer,
         agent_sandbox,
-        LoopConfig(sampling),
+        sampling,
     )
     records, summary = await evaluate(loop, problems, EvalConfig(k=3, sampling=sampling))
     await engine.close()

@@ -3,8 +3,7 @@ agent loop produces, token for token, and trains on the tiny model with the sand
 
 import pytest
 
-from rstar.agent.format import IM_END, STYLES, TOOL_NAME, saved_style, tool_turn
-from rstar.agent.loop import AgentLoop, LoopConfig
+from rstar.agent.format import IM_END, STYLES, TOOL_NAME, prompt_ids, saved_style, tool_turn
 from rstar.bench.peers.trl_grpo import train_trl, trl_chat_template
 
 
@@ -29,7 +28,7 @@ def test_trl_renders_the_agent_loops_prompt_tool_call_and_tool_turn(tokenizer, t
         trl_tokenizer
     )
     problem = "What is 12345 * 6789?"
-    ours = AgentLoop(None, tokenizer, None, LoopConfig(prompt_style="compact")).prompt_ids(problem)
+    ours = prompt_ids(tokenizer, problem, "compact")
 
     def tool(code: str, input: str = "") -> str:
         """Run code.
@@ -102,7 +101,6 @@ def test_trl_trains_with_the_sandbox_as_its_tool(tiny_dir, tmp_path):
         problems,
         cfg,
         str(tmp_path / "trl"),
-        loop=LoopConfig(prompt_style="compact"),
         on_step=lambda step, m: seen.append(step),
     )
     assert seen == [1, 2] and [h["step"] for h in history] == [1, 2]

@@ -3,9 +3,9 @@ greedy decoding they record the same response token ids and loss masks."""
 
 import asyncio
 
-from rstar.agent.loop import LoopConfig
 from rstar.agent.sampling import Sampling
 from rstar.bench.peers.verl_loop import compare_loops, report
+from rstar.train.config import RLConfig
 from tests.conftest import product_problems
 
 
@@ -13,7 +13,10 @@ def test_both_loops_record_the_same_tokens_and_masks(tiny_sft):
     """On the SFT model, which calls the tool: the comparison covers tool turns and their
     masked tokens, not only single-turn answers."""
     problems = product_problems(6)
-    loop = LoopConfig(Sampling(max_turns=3, max_response_tokens=96, temperature=0.0), "compact")
+    loop = RLConfig(
+        sampling=Sampling(max_turns=3, max_response_tokens=96, temperature=0.0),
+        prompt_style="compact",
+    )
     ours, theirs, untyped = asyncio.run(compare_loops(tiny_sft, problems, loop))
     assert (ours.loop, theirs.loop) == ("rstar AgentLoop", "verl ToolAgentLoop")
     assert ours.rollouts == theirs.rollouts == 6 and ours.turns >= 6 and theirs.turns >= 6

@@ -164,7 +164,7 @@ async def test_static_split_is_round_robin_by_rollout():
 async def test_agent_loop_over_two_real_replicas(tiny_dir, tokenizer, agent_sandbox):
     from transformers import AutoModelForCausalLM
 
-    from rstar.agent.loop import AgentLoop, LoopConfig
+    from rstar.agent.loop import AgentLoop
     from rstar.rollout.hf_engine import HFEngine
 
     engines = [
@@ -172,9 +172,7 @@ async def test_agent_loop_over_two_real_replicas(tiny_dir, tokenizer, agent_sand
         for s in (0, 1)
     ]
     sched = BalancedScheduler(engines, 4096)
-    loop = AgentLoop(
-        sched, tokenizer, agent_sandbox, LoopConfig(Sampling(max_response_tokens=48, max_turns=2))
-    )
+    loop = AgentLoop(sched, tokenizer, agent_sandbox, Sampling(max_response_tokens=48, max_turns=2))
     trajs = await loop.run_many([(f"p{i}", f"What is {i} + {i}?") for i in range(6)])
     assert all(len(t.response_ids) <= 48 and t.finish_reason for t in trajs)
     assert all(s.served > 0 for s in sched.replicas) and all(

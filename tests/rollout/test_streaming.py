@@ -6,7 +6,7 @@ import asyncio
 import pytest
 import torch
 
-from rstar.agent.loop import AgentLoop, Generation, LoopConfig
+from rstar.agent.loop import AgentLoop, Generation
 from rstar.agent.sampling import Sampling
 from rstar.reward.score import BatchScorer
 from rstar.rollout import scheduler as scheduler_mod
@@ -114,7 +114,7 @@ async def test_mining_parts_resume_after_a_crash_and_match_an_uninterrupted_run(
     engine, tokenizer, agent_sandbox, tmp_path
 ):
     problems = product_problems(10, seed=5)
-    cfg = LoopConfig(Sampling(max_response_tokens=24, max_turns=2, temperature=1.0))
+    cfg = Sampling(max_response_tokens=24, max_turns=2, temperature=1.0)
     steady = AgentLoop(engine, tokenizer, agent_sandbox, cfg)
     with BatchScorer() as scorer:
         whole = await sample(steady, problems, 2, stage="mine")
@@ -141,7 +141,7 @@ async def test_mining_parts_resume_after_a_crash_and_match_an_uninterrupted_run(
 
 async def test_a_finished_rollout_leaves_nothing_in_the_scheduler(tokenizer, agent_sandbox):
     sched = BalancedScheduler([Instant(), Instant()], 4096)
-    loop = AgentLoop(sched, tokenizer, agent_sandbox, LoopConfig(Sampling(max_response_tokens=8)))
+    loop = AgentLoop(sched, tokenizer, agent_sandbox, Sampling(max_response_tokens=8))
     await loop.run_many([(f"p{i}", "What is 2 + 2?") for i in range(20)])
     assert sum(sched.served) >= 20 and not sched.home
 

@@ -50,9 +50,7 @@ def _train_rstar(model_dir: str, problems: list[dict], cfg, on_step) -> tuple[li
     return history, os.path.join(work, "checkpoint")
 
 
-def run_side(
-    side: str, model_dir: str, problems: list[dict], cfg, loop_cfg
-) -> tuple[list[dict], str]:
+def run_side(side: str, model_dir: str, problems: list[dict], cfg) -> tuple[list[dict], str]:
     """Train one side; returns its per-step history and its model directory."""
 
     def progress(step: int, m: dict) -> None:
@@ -73,14 +71,14 @@ def run_side(
         from rstar.bench.peers.trl_grpo import train_trl
 
         out = tempfile.mkdtemp(prefix="peers-trl-")
-        return train_trl(model_dir, problems, cfg, out, loop=loop_cfg, on_step=progress), out
+        return train_trl(model_dir, problems, cfg, out, on_step=progress), out
     mode = "roc" if side == "rstar GRPO-RoC" else "grpo"
     return _train_rstar(
         model_dir, problems, replace(cfg, roc=replace(cfg.roc, mode=mode)), progress
     )
 
 
-def settings(recipe, cfg, loop_cfg) -> dict:
+def settings(recipe, cfg) -> dict:
     """What both sides share, printed beside the table."""
     return {
         "model": "the recipe's SFT checkpoint",
@@ -91,8 +89,8 @@ def settings(recipe, cfg, loop_cfg) -> dict:
         "top_p": cfg.sampling.top_p,
         "max response tokens": cfg.sampling.max_response_tokens,
         "max turns": cfg.sampling.max_turns,
-        "tool timeout s": loop_cfg.sampling.tool_timeout_s,
-        "max tool response tokens": loop_cfg.sampling.max_tool_response_tokens,
+        "tool timeout s": cfg.sampling.tool_timeout_s,
+        "max tool response tokens": cfg.sampling.max_tool_response_tokens,
         "optimizer": f"AdamW lr {cfg.lr}, weight decay {cfg.weight_decay}, warm-up "
         f"{cfg.warmup_steps} steps, grad clip {cfg.max_grad_norm}",
         "loss": f"clipped surrogate eps {cfg.clip_low}/{cfg.clip_high}, token mean, no KL",
@@ -185,7 +183,6 @@ def run_peer_benchmark(
     from rstar.eval.run import evaluate_model
     from rstar.pipeline.config import load_recipe
     from rstar.pipeline.layout import Layout
-    from rstar.train.rl import loop_config
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     hf_logging.disable_progress_bar()  # a bar per checkpoint written or loaded
@@ -196,7 +193,6 @@ def run_peer_benchmark(
     held_out = read_table(layout.dataset("eval_problems"), "problems").to_pylist()
     stage = recipe.rl[0]
     base_cfg = replace(stage, steps=steps, prompt_style=recipe.prompt_style)
-    loop_cfg = loop_config(base_cfg)
 
     def held_out_accuracy(model_dir: str, name: str) -> float:
         _, summary = evaluate_model(
@@ -209,9 +205,7 @@ def run_peer_benchmark(
     runs: dict[str, dict[int, dict]] = {side: {} for side in SIDES}
     for seed in range(stage.seed, stage.seed + seeds):
         for side in SIDES:
-            history, model_dir = run_side(
-                side, sft, problems, replace(base_cfg, seed=seed), loop_cfg
-            )
+            history, model_dir = run_side(side, sft, problems, replace(base_cfg, seed=seed))
             runs[side][seed] = {"history": history, "held_out": held_out_accuracy(model_dir, side)}
             shutil.rmtree(
                 os.path.dirname(model_dir) if side != "TRL GRPO" else model_dir, ignore_errors=True
@@ -224,7 +218,7 @@ def run_peer_benchmark(
         config,
         runs,
         sft_acc,
-        settings(recipe, base_cfg, loop_cfg),
+        settings(recipe, base_cfg),
         wall,
         steps,
         seeds,
@@ -232,7 +226,7 @@ def run_peer_benchmark(
     )
     from rstar.bench.peers import code_judge, verl_loop
 
-    greedy = replace(loop_cfg, sampling=replace(loop_cfg.sampling, temperature=0.0))
+    greedy = replace(base_cfg, sampling=replace(base_cfg.sampling, temperature=0.0))
     lines += [
         "",
         *verl_loop.report(

@@ -40,7 +40,7 @@ async def _step(loop, prompts: list[dict], k: int, scorer) -> dict:
     }
 
 
-async def compare_engines(model_dir: str, problems: list[dict], stage, loop_cfg, steps: int):
+async def compare_engines(model_dir: str, problems: list[dict], stage, steps: int):
     """Per engine, one dict per step (`_step`'s), the engines alternating step by step."""
     from rstar.reward.score import BatchScorer
     from rstar.rollout.open import open_agent_loop
@@ -51,7 +51,13 @@ async def compare_engines(model_dir: str, problems: list[dict], stage, loop_cfg,
     async with AsyncExitStack() as stack:
         loops = {
             e: await stack.enter_async_context(
-                open_agent_loop(model_dir, loop_cfg, kind=e, seed=stage.seed)
+                open_agent_loop(
+                    model_dir,
+                    stage.sampling,
+                    prompt_style=stage.prompt_style,
+                    kind=e,
+                    seed=stage.seed,
+                )
             )
             for e in ENGINES
         }
@@ -89,7 +95,6 @@ def run_engine_benchmark(config: str, steps: int, root: str | None, out: str) ->
     from rstar.machine import cpu_model
     from rstar.pipeline.config import load_recipe
     from rstar.pipeline.layout import Layout
-    from rstar.train.rl import loop_config
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     recipe = load_recipe(config)
@@ -97,9 +102,8 @@ def run_engine_benchmark(config: str, steps: int, root: str | None, out: str) ->
     sft = layout.finished_sft()
     problems = read_table(layout.dataset("train_problems"), "problems").to_pylist()
     stage = replace(recipe.rl[0], prompt_style=recipe.prompt_style)
-    loop_cfg = loop_config(stage)
     start = time.monotonic()
-    s = summarize(asyncio.run(compare_engines(sft, problems, stage, loop_cfg, steps)))
+    s = summarize(asyncio.run(compare_engines(sft, problems, stage, steps)))
     wall = time.monotonic() - start
     ratio = s["vllm"]["tokens_per_s"] / s["hf"]["tokens_per_s"]
     k = stage.roc.group_size * stage.roc.oversample

@@ -16,7 +16,7 @@ import os
 import time
 
 from rstar.agent.format import CHAT_TEMPLATE, EOS, IM_END, STYLES, TOOL_NAME, save_style
-from rstar.agent.loop import LoopConfig, tool_response
+from rstar.agent.loop import tool_response
 from rstar.reward.score import BatchScorer, ScoreItem
 from rstar.sandbox.result import ExecRequest
 from rstar.train.config import RLConfig
@@ -47,7 +47,6 @@ def train_trl(
     cfg: RLConfig,
     out_dir: str,
     *,
-    loop: LoopConfig,
     on_step=None,
 ) -> list[dict]:
     """Train `cfg.steps` steps of TRL's GRPO from `model_dir` into `out_dir` (a Hugging Face
@@ -82,10 +81,10 @@ def train_trl(
             input: Text given to the code on standard input.
         """
         start = time.monotonic()
-        res = (await sandbox.run_many([ExecRequest(code, input, loop.sampling.tool_timeout_s)]))[0]
+        res = (await sandbox.run_many([ExecRequest(code, input, cfg.sampling.tool_timeout_s)]))[0]
         clock["tool_s"] += time.monotonic() - start
         clock["tool_calls"] += 1
-        return tool_response(res, tok, loop.sampling.max_tool_response_tokens)
+        return tool_response(res, tok, cfg.sampling.max_tool_response_tokens)
 
     assert execute_python_code_with_standard_io.__name__ == TOOL_NAME
     scorer = BatchScorer(workers=1)

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 
 from rstar.agent.format import EOS, IM_END, STYLES
-from rstar.agent.loop import AgentLoop, LoopConfig
+from rstar.agent.loop import AgentLoop
+from rstar.train.config import RLConfig
 
 
 class TimedEngine:
@@ -68,7 +69,7 @@ class LoopResult:
     response_masks: list[list[int]]
 
 
-def _verl_config(loop: LoopConfig, prompt_length: int):
+def _verl_config(cfg: RLConfig, prompt_length: int):
     from omegaconf import OmegaConf
 
     return OmegaConf.create(
@@ -76,13 +77,13 @@ def _verl_config(loop: LoopConfig, prompt_length: int):
             "actor_rollout_ref": {
                 "rollout": {
                     "prompt_length": prompt_length,
-                    "response_length": loop.sampling.max_response_tokens,
+                    "response_length": cfg.sampling.max_response_tokens,
                     "full_determinism": False,
                     "multi_turn": {
-                        "max_user_turns": loop.sampling.max_turns - 1,
-                        "max_assistant_turns": loop.sampling.max_turns,
+                        "max_user_turns": cfg.sampling.max_turns - 1,
+                        "max_assistant_turns": cfg.sampling.max_turns,
                         "max_parallel_calls": 1,
-                        "max_tool_response_length": loop.sampling.max_tool_response_tokens,
+                        "max_tool_response_length": cfg.sampling.max_tool_response_tokens,
                         "tool_response_truncate_side": "right",
                         "format": "hermes",
                     },
@@ -95,7 +96,7 @@ def _verl_config(loop: LoopConfig, prompt_length: int):
 async def run_verl_loop(
     model_dir: str,
     problems: list[dict],
-    loop: LoopConfig,
+    cfg: RLConfig,
     sandbox_url: str,
     engine,
     *,
@@ -114,14 +115,14 @@ async def run_verl_loop(
     tok.chat_template = trl_chat_template()
     timed = TimedEngine(engine)
     prompt_length = 1024
-    server = VerlServer(timed, prompt_length + loop.sampling.max_response_tokens)
+    server = VerlServer(timed, prompt_length + cfg.sampling.max_response_tokens)
     with contextlib.redirect_stdout(io.StringIO()):  # verl's BaseTool prints its schema
-        tool = SandboxTool({"sandbox_url": sandbox_url, "timeout_s": loop.sampling.tool_timeout_s})
+        tool = SandboxTool({"sandbox_url": sandbox_url, "timeout_s": cfg.sampling.tool_timeout_s})
     timed_tool = _timed_tool(tool)
     from transformers import AutoConfig
 
     agent = ToolAgentLoop(
-        DictConfigWrap(_verl_config(loop, prompt_length)),
+        DictConfigWrap(_verl_config(cfg, prompt_length)),
         server,
         tok,
         None,
@@ -131,11 +132,11 @@ async def run_verl_loop(
         tools=ToolListWrap([timed_tool]),
     )
     params = {
-        "temperature": loop.sampling.temperature,
-        "top_p": loop.sampling.top_p,
+        "temperature": cfg.sampling.temperature,
+        "top_p": cfg.sampling.top_p,
         "stop_token_ids": [tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(EOS)],
     }
-    style = STYLES[loop.prompt_style]
+    style = STYLES[cfg.prompt_style]
 
     async def one(p: dict):
         start = time.monotonic()
@@ -176,10 +177,10 @@ def _timed_tool(tool):
 
 
 async def run_rstar_loop(
-    tokenizer, problems: list[dict], loop: LoopConfig, sandbox, engine
+    tokenizer, problems: list[dict], cfg: RLConfig, sandbox, engine
 ) -> LoopResult:
     timed = TimedEngine(engine)
-    agent = AgentLoop(timed, tokenizer, sandbox, loop)
+    agent = AgentLoop(timed, tokenizer, sandbox, cfg.sampling, cfg.prompt_style)
 
     async def one(i: int, p: dict):
         start = time.monotonic()
@@ -202,7 +203,7 @@ async def run_rstar_loop(
     )
 
 
-async def compare_loops(model_dir: str, problems: list[dict], loop: LoopConfig) -> list[LoopResult]:
+async def compare_loops(model_dir: str, problems: list[dict], cfg: RLConfig) -> list[LoopResult]:
     """Both loops, one after the other, over one engine and one sandbox service."""
     from transformers import AutoTokenizer
 
@@ -216,11 +217,11 @@ async def compare_loops(model_dir: str, problems: list[dict], loop: LoopConfig) 
         with SandboxProcess() as service:
             async with SandboxClient(service.url) as client:
                 ours = await run_rstar_loop(
-                    AutoTokenizer.from_pretrained(model_dir), problems, loop, client, engine
+                    AutoTokenizer.from_pretrained(model_dir), problems, cfg, client, engine
                 )
-            theirs = await run_verl_loop(model_dir, problems, loop, service.url, engine)
+            theirs = await run_verl_loop(model_dir, problems, cfg, service.url, engine)
             untyped = await run_verl_loop(
-                model_dir, problems, loop, service.url, engine, model_type=False
+                model_dir, problems, cfg, service.url, engine, model_type=False
             )
             await close_sandbox_clients()
     finally:
@@ -235,7 +236,7 @@ def _same(a: LoopResult, b: LoopResult) -> tuple[int, int]:
     )
 
 
-def report(results: list[LoopResult], loop: LoopConfig) -> list[str]:
+def report(results: list[LoopResult], cfg: RLConfig) -> list[str]:
     ours, theirs, untyped = results
     same_ids, same_masks = _same(ours, theirs)
     met = ours.own_s_per_turn <= theirs.own_s_per_turn
@@ -243,8 +244,8 @@ def report(results: list[LoopResult], loop: LoopConfig) -> list[str]:
         "### The agent loop against verl's ToolAgentLoop",
         "",
         f"{ours.rollouts} training problems, one rollout each, greedy (so the two can be compared "
-        f"token for token), at most {loop.sampling.max_turns} turns and "
-        f"{loop.sampling.max_response_tokens} response tokens, through one HF engine (verl's "
+        f"token for token), at most {cfg.sampling.max_turns} turns and "
+        f"{cfg.sampling.max_response_tokens} response tokens, through one HF engine (verl's "
         "server interface for verl's loop) and one sandbox "
         "service (this project's tool as a verl tool). Own time per turn: each rollout's wall "
         "time less its generate calls and tool calls, summed, over the turns.",
