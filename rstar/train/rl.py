@@ -123,11 +123,23 @@ def step_prompts(problems: list[dict], cfg: RLConfig, step: int) -> list[dict]:
 
 
 class RLTrainer:
-    """GRPO-RoC on one machine, step by step: sample 2G rollouts per prompt through the agent
-    loop (the policy serves them in this process), score them, keep G by Resample-on-Correct,
-    compute group advantages over the kept, and update the policy with the clipped token-level
-    loss in mini-batches of whole groups. Every step writes its rollouts, reports its metrics and
-    replaces the checkpoint, so a killed stage resumes at its last step (`try_resume`)."""
+    """GRPO-RoC on one machine. One step (`train_step`):
+
+    1. Draw `prompts_per_step` problems (a function of seed, stage and step: a resumed stage sees
+       the same ones) and sample 2G rollouts of each (G under plain GRPO) through the agent
+       loop, the policy serving them in this process, tools run in the sandbox.
+    2. Score every rollout with the answer-only reward (1 if the final answer is right, else 0).
+    3. Resample-on-Correct (rstar.algo.roc): per group keep G of the 2G, the correct ones down-
+       sampled towards few tool errors and format issues, the failed ones uniformly.
+    4. Advantages over the kept G: (r - mean) / std within each group.
+    5. Update: the clipped surrogate with asymmetric clipping (clip_low, clip_high: 0.2, 0.28),
+       averaged over tokens, tool-response tokens masked out; one AdamW step per mini-batch of
+       whole groups; old log-probs recomputed once when there are several mini-batches.
+    6. Write the step's rollouts (kept or not) to Parquet, report its metrics, checkpoint.
+
+    Departures from textbook GRPO, as the paper makes them: no KL term and no entropy bonus,
+    a higher upper clip, RoC's asymmetric down-sampling of the 2G before advantages, and the
+    loss over model tokens only. A killed stage resumes at its last checkpoint (`try_resume`)."""
 
     def __init__(
         self,
