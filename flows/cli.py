@@ -49,6 +49,7 @@ def pipeline_run(
     """Run the whole recipe: base, problems, SFT, RL stages, mining, evaluation."""
     import json
 
+    from rstar.environment import PrefectHomeUnusable, check_prefect_home
     from rstar.pipeline.config import ConfigError, load_recipe
     from rstar.pipeline.layout import Layout
     from rstar.pipeline.stage_table import check_until
@@ -61,7 +62,8 @@ def pipeline_run(
         check_until(recipe, until)
         check_reachable(absolute_uri(recipe.tracking.tracking_uri))
         check_free(Layout(recipe.storage_root).root)
-    except (ConfigError, TrackingUnreachable, RootBusy) as e:
+        check_prefect_home()
+    except (ConfigError, TrackingUnreachable, RootBusy, PrefectHomeUnusable) as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
     from flows.pipeline import pipeline

@@ -28,3 +28,31 @@ PIPED = {"PREFECT_LOGGING_COLORS": "false", "RAY_COLOR_PREFIX": "0"}
 def apply_defaults() -> None:
     for key, value in {**DEFAULTS, **({} if sys.stdout.isatty() else PIPED)}.items():
         os.environ.setdefault(key, value)
+
+
+class PrefectHomeUnusable(RuntimeError):
+    pass
+
+
+def check_prefect_home() -> None:
+    """A run on Prefect's ephemeral server keeps its database under Prefect's home directory.
+    One that cannot be made (a parent that is a file, no permission) used to end in a two-minute
+    wait for the server and a traceback that never named it; here it is one line. A missing
+    parent is made, which Prefect does not do."""
+    import tempfile
+
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if settings.api.url:  # a Prefect server of its own: nothing kept here
+        return
+    home = str(settings.home)
+    try:
+        os.makedirs(home, exist_ok=True)
+        with tempfile.TemporaryFile(dir=home):
+            pass
+    except OSError as e:
+        raise PrefectHomeUnusable(
+            f"Prefect's home PREFECT_HOME={home} cannot be written ({e.strerror}): its local "
+            "server keeps its database there; set PREFECT_HOME to a writable directory"
+        ) from None

@@ -334,3 +334,42 @@ def test_a_root_or_base_that_cannot_be_used_is_one_line_before_prefect_starts(
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     (line,) = result.output.strip().splitlines()
     assert line.startswith("configs/tiny.yaml: ") and message.format(file=file) in line, line
+
+
+def test_an_unwritable_prefect_home_is_one_line_in_seconds(tmp_path):
+    """Prefect's local server waited two minutes for a database it could not create, then
+    printed a traceback that did not name PREFECT_HOME."""
+    from tests.pipeline.conftest import write_recipe
+
+    path = write_recipe(str(tmp_path), "no-home", str(tmp_path / "root"))
+    (tmp_path / "a-file").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(tmp_path / "a-file" / "home")
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "pipeline", "run", "--config", path],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"PREFECT_HOME={tmp_path}/a-file/home cannot be written" in done.stderr
+    assert "Traceback" not in done.stderr and time.monotonic() - start < 60
+
+
+def test_a_missing_prefect_home_is_made(tmp_path):
+    """Prefect does not make a home whose parent is missing; the check does."""
+    home = tmp_path / "not" / "yet" / "home"
+    done = subprocess.run(
+        [sys.executable, "-c", "from rstar.environment import check_prefect_home as c; c()"],
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")},
+            "PREFECT_HOME": str(home),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert home.is_dir()
