@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from collections.abc import Callable
 
@@ -59,3 +60,27 @@ def overall_interval(summary: dict) -> tuple[float, float]:
     )
     mean = overall_accuracy(summary)
     return max(0.0, mean - 1.96 * se), min(1.0, mean + 1.96 * se)
+
+
+def question_accuracy(records: list[dict]) -> dict[str, float]:
+    """avg@1 per question: evaluation records (rows of the trajectories schema) by problem id,
+    a sample correct when its reward is."""
+    by: dict[str, list[bool]] = {}
+    for r in records:
+        by.setdefault(r["problem_id"], []).append(r["reward"] > 0)
+    return {pid: avg_pass_at_1(c) for pid, c in by.items()}
+
+
+def paired_gain(before: list[float], after: list[float]) -> tuple[float, float, float]:
+    """(gain, low, high): the mean per-question change from `before` to `after` (each question's
+    avg@1 under two checkpoints, same questions in the same order), with a 95% t interval over
+    questions. Pairing removes the questions' own difficulty from the noise, so it is narrower
+    than comparing the two means as if independent."""
+    from scipy.stats import t
+
+    if len(before) != len(after) or len(before) < 2:
+        raise ValueError(f"a paired gain needs the same 2+ questions ({len(before)}, {len(after)})")
+    diffs = [a - b for a, b in zip(after, before)]
+    gain = statistics.fmean(diffs)
+    half = float(t.ppf(0.975, len(diffs) - 1)) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+    return gain, gain - half, gain + half

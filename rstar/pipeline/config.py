@@ -186,6 +186,10 @@ class Recipe(_Strict):
                     f"rl stage {s.name}: mini_batches ({s.mini_batches}) must divide "
                     f"prompts_per_step ({s.prompts_per_step})"
                 )
+        if unknown := set(self.expect.stage_for) - set(names):
+            raise ValueError(
+                f"expect.stage_for names {sorted(unknown)}, not RL stages of this recipe ({names})"
+            )
         if self.train_problems.benchmarks:
             raise ValueError("train_problems.benchmarks: benchmarks are for eval_problems only")
         if self.mine.after not in names[:-1]:

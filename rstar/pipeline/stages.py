@@ -413,7 +413,7 @@ def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
 def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput:
     """Every model in `inputs.models` on the held-out problems, side by side."""
     from rstar.data.io import read_table, write_json, write_table
-    from rstar.eval.metrics import overall_accuracy
+    from rstar.eval.metrics import overall_accuracy, question_accuracy
     from rstar.eval.report import write_report
     from rstar.eval.run import evaluate_model, markdown_table, summarize_eval
     from rstar.machine import give_back_memory
@@ -434,7 +434,7 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
     # the inputs) as it finishes: a retried or resumed evaluation does not evaluate it again
     _, work = cache.work_dir(recipe, "evaluate", inputs)
     by_id = {p["id"]: p for p in problems_}
-    summaries = {}
+    summaries, questions = {}, {}
     for name, model in inputs.models.items():
         done = f"{work}/{name}.samples.parquet"
         fs, inner = filesystem(done)
@@ -445,6 +445,7 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
             )
             log.tag(f"rstar.reused.{name}", done)
             write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
+            questions[name] = question_accuracy(records)
             continue
         path = dirs.pull(model.uri)
         # e.g. a registered version's files, changed
@@ -465,6 +466,7 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
         )
         write_table(records, done, "trajectories")
         write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
+        questions[name] = question_accuracy(records)
         give_back_memory()  # the checkpoint's model and engine, before the next one loads
     for name in summaries:  # every sample, browsable from the evaluation's MLflow run
         log.artifact(f"{out_dir}/{name}.samples.parquet", "samples")
@@ -474,7 +476,7 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
     recipe_order = ["sft"] + [r.name for r in recipe.rl]
     trained = {name: s for name, s in summaries.items() if name != "base"}
     learnt, lines = (
-        verdict(trained, recipe.expect, inputs.copying)
+        verdict(trained, recipe.expect, inputs.copying, questions, problems_)
         if list(trained) == recipe_order
         else (None, [])
     )

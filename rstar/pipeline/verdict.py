@@ -5,15 +5,40 @@ may stop reading the tool's output back into \\boxed{}, and RL then has almost n
 learn from (docs/benchmarks.md, "robustness"). The evaluation already holds what is needed to
 say so: held-out accuracy after SFT and after each RL stage. The recipe has learnt when its first
 RL stage beats SFT by `first_stage_gain` and its last stage beats SFT by `final_gain` (the
-recipe's `expect` section); later stages' changes are shown beside. When it did not, the verdict
+recipe's `expect` section); later stages' changes are shown beside. A recipe may also say which
+held-out questions each RL stage is for (`expect.stage_for`: stage 2 the problems that need its
+longer budget, stage 3 the hard ones); that stage has then learnt when its gain over the stage
+before on those questions has a paired 95% interval above zero. When it did not, the verdict
 names the copy probes of the base and SFT models and where to look.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 
-from rstar.eval.metrics import overall_accuracy
+from rstar.eval.metrics import overall_accuracy, paired_gain
+
+
+@dataclass
+class Subset:
+    """Held-out questions by their metadata (synthetic problems carry family and level); a
+    field left out matches every question."""
+
+    __pydantic_config__ = {"extra": "forbid"}
+    families: list[str] | None = None
+    levels: list[int] | None = None
+
+    def holds(self, problem: dict) -> bool:
+        meta = json.loads(problem["metadata"])
+        return (self.families is None or meta.get("family") in self.families) and (
+            self.levels is None or meta.get("level") in self.levels
+        )
+
+    def describe(self) -> str:
+        parts = [f"families {'/'.join(self.families)}"] if self.families else []
+        parts += [f"levels {'/'.join(map(str, self.levels))}"] if self.levels else []
+        return ", ".join(parts) or "all questions"
 
 
 @dataclass
@@ -22,13 +47,21 @@ class Expect:
     __pydantic_config__ = {"extra": "forbid"}
     first_stage_gain: float = 0.0  # held-out accuracy the first RL stage must add to SFT's
     final_gain: float = 0.0  # ... and the last RL stage
+    # RL stage name -> the held-out questions it is for: its paired gain there must be above 0
+    stage_for: dict[str, Subset] = field(default_factory=dict)
 
 
 def verdict(
-    summaries: dict[str, dict], expect: Expect, copying: dict[str, dict] | None = None
+    summaries: dict[str, dict],
+    expect: Expect,
+    copying: dict[str, dict] | None = None,
+    questions: dict[str, dict[str, float]] | None = None,
+    problems: list[dict] | None = None,
 ) -> tuple[bool, list[str]]:
     """(learnt, lines): `summaries` are the evaluation's, SFT first then the RL stages in order;
-    `copying` the copy_* metrics of the base and SFT stages ({"base": {...}, "sft": {...}})."""
+    `copying` the copy_* metrics of the base and SFT stages ({"base": {...}, "sft": {...}});
+    `questions` each checkpoint's avg@1 per held-out problem id and `problems` the held-out rows
+    (needed when the recipe names what a stage is for)."""
     names = list(summaries)
     acc = {n: overall_accuracy(summaries[n]) for n in names}
     lines, learnt = [], True
@@ -41,6 +74,10 @@ def verdict(
             mark = "ok" if ok else "DID NOT LEARN"
             line = f"{mark}: {line}, expected at least {expect.first_stage_gain:+.2f}"
         lines.append(line)
+        if after in expect.stage_for:
+            ok, line = _stage_for(after, before, expect.stage_for[after], questions, problems)
+            learnt &= ok
+            lines.append(line)
     final = acc[names[-1]] - acc[names[0]]
     ok = final >= expect.final_gain
     learnt &= ok
@@ -68,3 +105,25 @@ def verdict(
             "what was measured on which CPUs."
         )
     return learnt, lines
+
+
+def _stage_for(
+    stage: str, before: str, subset: Subset, questions: dict | None, problems: list[dict] | None
+) -> tuple[bool, str]:
+    """Whether `stage` lifted the questions it is for over `before`, and the line saying so."""
+    ids = [p["id"] for p in problems or [] if subset.holds(p)]
+    if len(ids) < 2 or questions is None:
+        return False, (
+            f"NO GAIN SHOWN: {stage} on {subset.describe()}: {len(ids)} held-out questions match, "
+            "too few to measure"
+        )
+    gain, low, high = paired_gain(
+        [questions[before][i] for i in ids], [questions[stage][i] for i in ids]
+    )
+    a = sum(questions[before][i] for i in ids) / len(ids)
+    ok = low > 0
+    return ok, (
+        f"{'ok' if ok else 'NO GAIN SHOWN'}: {stage} on {subset.describe()} ({len(ids)} "
+        f"questions) {a:.3f} -> {a + gain:.3f} ({gain:+.3f}, 95% interval {low:+.3f} to "
+        f"{high:+.3f}), expected above zero"
+    )

@@ -42,6 +42,7 @@ SMALL = {
     "mine.sampling.max_response_tokens": 96,
     "eval.k": 1,
     "eval.sampling.max_response_tokens": 96,
+    "expect.stage_for": {"rl2": {}},  # judged on every held-out question: the wiring shows
     "retries.count": 2,
     "retries.delay_s": 0,
 }

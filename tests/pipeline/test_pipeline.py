@@ -4,6 +4,7 @@ pipeline killed mid-way."""
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -271,6 +272,11 @@ def test_pipeline_end_to_end_on_local_storage(finished_local):
         for line in outs["evaluate"].evaluation.verdict
     )
     assert children["evaluate"].data.tags["rstar.learnt"] == "false"
+    # the stage the recipe says rl2 is for, judged on those questions' paired changes
+    assert any(
+        re.match(r"(ok|NO GAIN SHOWN): rl2 on all questions \(3 questions\) \d", line)
+        for line in outs["evaluate"].evaluation.verdict
+    )
     # every sample of the evaluation, as artifacts of its run
     assert {a.path for a in c.list_artifacts(children["evaluate"].info.run_id, "samples")} == {
         f"samples/{name}.samples.parquet" for name in ["sft", "rl1", "rl2", "rl3"]

@@ -10,7 +10,7 @@ from rstar.bench.robustness import (
     variants,
 )
 from rstar.pipeline.config import load_recipe, seed_overrides
-from rstar.pipeline.verdict import Expect, verdict
+from rstar.pipeline.verdict import Expect, Subset, verdict
 
 
 def _summaries(**acc):
@@ -49,6 +49,71 @@ def test_a_recipe_that_did_not_learn_is_told_plainly_with_the_copy_probes(acc, f
     probes = next(line for line in lines if line.startswith("copy probes"))
     assert "base repeat 0.95" in probes and "sft into_call 0.95, read_back 0.15" in probes
     assert lines[-1].startswith("where to look")
+
+
+def test_paired_gain_is_a_t_interval_over_per_question_changes():
+    from rstar.eval.metrics import paired_gain
+
+    gain, low, high = paired_gain([0.0, 0.0, 1.0, 1.0], [1.0, 0.0, 1.0, 1.0])
+    # changes 1, 0, 0, 0: mean 0.25, sd 0.5, se 0.25, t(0.975, 3) = 3.182
+    assert gain == 0.25 and high - gain == pytest.approx(3.182 * 0.25, abs=1e-3)
+    assert low == pytest.approx(0.25 - 0.7956, abs=1e-3)
+    with pytest.raises(ValueError, match="same 2\\+ questions"):
+        paired_gain([0.5], [1.0])
+
+
+def _graded(n_per_level: int = 12) -> list[dict]:
+    import json
+
+    return [
+        {"id": f"L{level}-{i}", "metadata": json.dumps({"family": "f", "level": level})}
+        for level in (1, 3)
+        for i in range(n_per_level)
+    ]
+
+
+def _questions(problems, **by_stage):
+    """Per stage, avg@1 per question from a function of (level, index)."""
+    return {
+        stage: {p["id"]: f(int(p["id"][1]), int(p["id"].split("-")[1])) for p in problems}
+        for stage, f in by_stage.items()
+    }
+
+
+def test_a_stage_is_judged_on_the_questions_it_is_for():
+    problems = _graded()
+    # rl2 lifts every level-3 question by 0.5, leaves level 1 alone
+    questions = _questions(
+        problems,
+        sft=lambda level, i: 0.25,
+        rl1=lambda level, i: 0.75 if level == 1 else 0.25,
+        rl2=lambda level, i: 0.75,
+    )
+    summaries = _summaries(sft=0.25, rl1=0.5, rl2=0.75)
+    expect = Expect(0.10, 0.40, stage_for={"rl2": Subset(levels=[3])})
+    learnt, lines = verdict(summaries, expect, None, questions, problems)
+    assert learnt is True
+    line = next(x for x in lines if "rl2 on levels 3" in x)
+    assert line.startswith("ok: rl2 on levels 3 (12 questions) 0.250 -> 0.750 (+0.500")
+    # a gain on level 1 (where rl2 is not meant to act) and noise on level 3: nothing shown
+    questions["rl2"] = {p["id"]: 0.75 if p["id"][1] == "1" else 0.25 for p in problems}
+    questions["rl2"].update({"L1-0": 1.0, "L3-0": 1.0, "L3-1": 0.0})  # +0.04, noise
+    learnt, lines = verdict(summaries, expect, None, questions, problems)
+    assert learnt is False
+    assert any(x.startswith("NO GAIN SHOWN: rl2 on levels 3 (12 questions)") for x in lines)
+
+
+def test_a_stage_whose_questions_are_missing_is_not_called_a_gain():
+    expect = Expect(stage_for={"rl2": Subset(families=["absent"])})
+    learnt, lines = verdict(_summaries(sft=0.2, rl1=0.5, rl2=0.9), expect, None, {}, _graded())
+    assert learnt is False and any("0 held-out questions match" in x for x in lines)
+
+
+def test_a_recipe_may_only_name_its_own_stages_in_stage_for():
+    from rstar.pipeline.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"expect.stage_for names \['rl9'\]"):
+        load_recipe("configs/tiny.yaml", {"expect.stage_for": {"rl9": {"levels": [1]}}})
 
 
 def test_robustness_runs_vary_seeds_kernels_and_threads():
