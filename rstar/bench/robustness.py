@@ -91,6 +91,8 @@ def meets(report: dict) -> dict[str, bool]:
         "sft": sft <= TARGETS["sft_max"],
         "final": final >= TARGETS["final_min"],
         "gain": final - sft >= TARGETS["gain_min"],
+        # the recipe's own verdict: its expect section, each stage on what it is for included
+        "verdict": report["learnt"] is True,
     }
 
 
@@ -156,7 +158,8 @@ def run_robustness(
         *table(results),
         "",
         f"Targets for every run: SFT <= {TARGETS['sft_max']}, stage 3 >= {TARGETS['final_min']} "
-        f"and at least +{TARGETS['gain_min']} over SFT: "
+        f"and at least +{TARGETS['gain_min']} over SFT, and the recipe's verdict (its `expect`, "
+        "each stage on the questions it is for): "
         f"{'met by every run' if every else 'NOT met by every run'}.",
     ]
     return publish(out, "tiny-robustness", lines)

@@ -143,15 +143,18 @@ def test_robustness_runs_vary_seeds_kernels_and_threads():
 def test_robustness_targets_hold_per_run_not_on_the_mean():
     good = {
         "accuracy": {"sft": 0.2, "rl1": 0.7, "rl2": 0.8, "rl3": 0.8},
+        "learnt": True,
         "recipe_seconds": 400,
         "metrics": {
             "base": {"copy_repeat": 1.0},
             "sft": {"copy_into_call": 0.95, "copy_read_back": 0.95},
         },
     }
-    bad = {**good, "accuracy": {"sft": 0.07, "rl1": 0.1, "rl2": 0.1, "rl3": 0.13}}
+    bad = {**good, "accuracy": {"sft": 0.07, "rl1": 0.1, "rl2": 0.1, "rl3": 0.13}, "learnt": False}
     assert all(meets(good).values())
-    assert meets(bad) == {"sft": True, "final": False, "gain": False}
+    assert meets(bad) == {"sft": True, "final": False, "gain": False, "verdict": False}
+    # a stage that showed no gain where it is meant to fails the run whatever the totals
+    assert meets({**good, "learnt": False})["verdict"] is False
     rows = table([(Variant("seed 0"), good), (Variant("seed 1"), bad)])
     assert rows[2].endswith("| met |") and "| 0.800 |" in rows[2]
-    assert rows[3].endswith("| NOT met: final, gain |") and "0.95 / 0.95" in rows[3]
+    assert rows[3].endswith("| NOT met: final, gain, verdict |") and "0.95 / 0.95" in rows[3]
