@@ -41,6 +41,8 @@ def eval_command(
     from rstar.data.io import read_table, write_json, write_table
     from rstar.eval.benchmarks import load_benchmark
     from rstar.eval.config import EvalConfig
+    from rstar.eval.groups import group_table
+    from rstar.eval.metrics import question_accuracy
     from rstar.eval.report import write_report
     from rstar.eval.run import evaluate_model, markdown_table
 
@@ -72,7 +74,7 @@ def eval_command(
         max_turns=max_turns,
     )
     cfg = EvalConfig(k=k, sampling=sampling)
-    summaries = {}
+    summaries, questions = {}, {}
     for spec in model:
         name, _, path = spec.partition("=")
         with progress_bar(console, f"eval {name}") as bar:
@@ -87,8 +89,12 @@ def eval_command(
                 progress=lambda n, task=task: bar.advance(task, n),
             )
         write_table(records, os.path.join(out, f"{name}.samples.parquet"), "trajectories")
+        questions[name] = question_accuracy(records)
     write_json(summaries, os.path.join(out, "summary.json"))
-    paths = write_report(summaries, k, out)
+    by_group = group_table(questions, problems)
+    paths = write_report(summaries, k, out, by_group)
     console.print(markdown_table(summaries, k))
+    if by_group:
+        console.print(by_group)
     console.print("report: " + ", ".join(paths))
     console.print(json.dumps(summaries, indent=2))

@@ -413,6 +413,7 @@ def mine(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutpu
 def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageOutput:
     """Every model in `inputs.models` on the held-out problems, side by side."""
     from rstar.data.io import read_table, write_json, write_table
+    from rstar.eval.groups import group_table
     from rstar.eval.metrics import overall_accuracy, question_accuracy
     from rstar.eval.report import write_report
     from rstar.eval.run import evaluate_model, markdown_table, summarize_eval
@@ -483,7 +484,8 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
     if lines and "base" in summaries:
         before, after = overall_accuracy(summaries["base"]), overall_accuracy(summaries["sft"])
         lines.insert(0, f"sft held-out {before:.3f} -> {after:.3f} ({after - before:+.3f})")
-    for p in write_report(summaries, recipe.eval.k, out_dir):
+    by_group = group_table(questions, problems_)
+    for p in write_report(summaries, recipe.eval.k, out_dir, by_group):
         log.artifact(p)
     flat = {
         f"{name}/{bench}/{key}": value
@@ -499,7 +501,12 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
         "evaluate",
         {k: v for k, v in flat.items() if k.endswith("avg_pass@1")},
         report=out_dir,
-        evaluation=Evaluation(summaries, markdown_table(summaries, recipe.eval.k), learnt, lines),
+        evaluation=Evaluation(
+            summaries,
+            markdown_table(summaries, recipe.eval.k) + (f"\n\n{by_group}" if by_group else ""),
+            learnt,
+            lines,
+        ),
     )
 
 

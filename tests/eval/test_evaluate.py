@@ -134,6 +134,7 @@ def test_eval_command_compares_checkpoints(tiny_dir, tmp_path):
     assert set(summary) == {"sft", "rl1"}
     report = (out / "report.md").read_text()
     assert "sft avg@1" in report and "rl1 avg@1" in report  # side by side
+    assert "| group | questions | sft | rl1 |" in report  # and by family and level
     assert len(read_table(str(out / "sft.samples.parquet"), "trajectories")) == 4
     prompts = {
         name: read_table(str(out / f"{name}.samples.parquet"), "trajectories")
