@@ -6,6 +6,7 @@ from rstar.bench.recipe import (
     per_step,
     plot_ablation,
     pooled_error_rate,
+    seed_paired_test,
 )
 from rstar.eval.metrics import overall_accuracy
 
@@ -19,6 +20,7 @@ def _step(step, calls, errors, accuracy=0.5, kept_calls=0, kept_errors=0):
         "tool_error_rate_positive": errors / calls if calls else 0.0,
         "tool_calls_positive_kept": kept_calls,
         "tool_errors_positive_kept": kept_errors,
+        "response_len_mean": 80.0 + step,
     }
 
 
@@ -51,12 +53,26 @@ def test_ablation_table_compares_the_end_windows_pooled_over_seeds():
     roc = {0: [_step(1, 10, 5), _step(2, 10, 0)], 1: [_step(1, 10, 5), _step(2, 10, 0)]}
     grpo = {0: [_step(1, 10, 0), _step(2, 10, 0)], 1: [_step(1, 10, 0), _step(2, 10, 1)]}
     rows, met = ablation_table({"roc": roc, "grpo": grpo}, window=1)
-    assert met
     # whole stage: 10 in 40
-    assert rows[2].startswith("| roc | 0.000 | 0.000, 0.000 | 0.000 | 0.250 |")
+    assert rows[2] == "| roc | 0.000 | 0.000, 0.000 | 0.000 | 0.250 | 0.500 | 82 |"
     assert rows[3].startswith("| grpo | 0.050 | 0.000, 0.100 | 0.000 | 0.025 |")
-    _, met_whole_stage = ablation_table({"roc": roc, "grpo": grpo}, window=2)
-    assert not met_whole_stage  # over both steps RoC had more (10 in 40 against 1 in 40)
+    # lower, but two seeds cannot make p < 0.05 (one seed tied, the other 1 of 2 sign flips)
+    assert not met and rows[-1].endswith("p = 0.500.")
+
+
+def test_the_ablation_is_met_when_every_one_of_five_seeds_favours_roc():
+    def runs(errors: list[int]) -> dict:
+        return {seed: [_step(1, 10, e)] for seed, e in enumerate(errors)}
+
+    roc, grpo = runs([0, 1, 0, 2, 1]), runs([1, 2, 2, 3, 2])
+    diff, p = seed_paired_test({"roc": roc, "grpo": grpo}, window=1)
+    assert diff == -0.12 and p == 1 / 32  # only the observed signs are as low
+    _, met = ablation_table({"roc": roc, "grpo": grpo}, window=1)
+    assert met
+    # one seed the other way round: no longer significant
+    roc[4] = [_step(1, 10, 4)]
+    assert seed_paired_test({"roc": roc, "grpo": grpo}, window=1)[1] > 0.05
+    assert not ablation_table({"roc": roc, "grpo": grpo}, window=1)[1]
 
 
 def test_ablation_plot_is_a_png(tmp_path):
