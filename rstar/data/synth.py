@@ -127,6 +127,13 @@ def _bounded_sum(rng, level):
     return {"n": n, "c": c}, count
 
 
+def _long_sum(rng, level):
+    # 4, 8, 16 numbers of 3-4 digits: the call that adds them grows with the level, the answer
+    # stays at 4-6 digits (a solution long to write but easy to read back)
+    xs = [rng.randint(100, 9999) for _ in range(2 ** (level + 1))]
+    return {"list": ", ".join(map(str, xs)), "x": " + ".join(map(str, xs))}, sum(xs)
+
+
 FAMILIES = [
     Family(
         "power_mod",
@@ -249,6 +256,15 @@ FAMILIES = [
             "{c}.",
             "Three dice-like counters each show an integer from 0 to {c}. In how many ways can "
             "they sum to {n}?",
+        ),
+    ),
+    Family(
+        "long_sum",
+        _long_sum,
+        (
+            "What is the sum of {list}?",
+            "Add up these numbers: {list}.",
+            "Compute {x}.",
         ),
     ),
 ]
