@@ -285,6 +285,23 @@ def _calc_long(rng):
     return "calc_long", _printed(ask.format(expr), expr)
 
 
+_ASK_SUM = (
+    "Use Python to add up {}.",
+    "With the tool, find the sum of {}.",
+    "Add these numbers in Python: {}.",
+)
+
+
+def _calc_sum(rng):
+    """A sum of two to four numbers of two to four digits, listed in words and added by the
+    tool: the pieces of the long_sum family (rstar.data.synth) at short length, for RL to
+    stretch to longer lists. The tiny model copies only operands it was taught (docs/
+    benchmarks.md, trial curricula), and `calc` stops at three digits and two terms of a sum."""
+    xs = [rng.randint(10, 10 ** rng.randint(2, 4) - 1) for _ in range(rng.randint(2, 4))]
+    listed = ", ".join(map(str, xs[:-1])) + f" and {xs[-1]}"
+    return "calc_sum", _printed(rng.choice(_ASK_SUM).format(listed), "+".join(map(str, xs)))
+
+
 _ASK_ARITH = (
     "What is {}?",
     "Evaluate {}.",
@@ -341,6 +358,7 @@ TASKS = {
     "stdin": _stdin_echo,
     "calc": _calc,
     "calc_long": _calc_long,
+    "calc_sum": _calc_sum,
     "instruction": _no_tool,
     "arith_tool": lambda rng: _arith(rng, True),
     "arith_direct": lambda rng: _arith(rng, False),

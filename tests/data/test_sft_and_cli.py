@@ -218,14 +218,18 @@ def test_sft_task_selection_and_calc_examples_are_right():
 
     from rstar.data import sft
 
-    rows = sft.generate(60, seed=3, tasks=["calc", "calc_long", "reverse"])
-    assert {r["task"] for r in rows} == {"calc", "calc_long", "reverse"}
+    rows = sft.generate(80, seed=3, tasks=["calc", "calc_long", "calc_sum", "reverse"])
+    assert {r["task"] for r in rows} == {"calc", "calc_long", "calc_sum", "reverse"}
     for r in rows:
         if r["task"].startswith("calc"):
             msgs = json.loads(r["messages"])
             code = msgs[1]["tool_calls"][0]["arguments"]["code"]
             expr = code.removeprefix("print(").removesuffix(")")
-            assert code == f"print({expr})" and expr in msgs[0]["content"]
+            # the sum's terms are listed in words, the others' expression quoted as it is
+            shown = expr.split("+") if r["task"] == "calc_sum" else [expr]
+            assert code == f"print({expr})" and all(x in msgs[0]["content"] for x in shown)
+            if r["task"] == "calc_sum":
+                assert 2 <= len(shown) <= 4 and all(10 <= int(x) <= 9999 for x in shown)
             assert msgs[2]["content"].strip() == str(eval(expr))
             assert f"\\boxed{{{eval(expr)}}}" in msgs[3]["content"]
             if r["task"] == "calc_long":  # a value of 4-8 digits (mostly 6) to read back
