@@ -93,8 +93,6 @@ def eval_command(
     write_json(summaries, os.path.join(out, "summary.json"))
     by_group = group_table(questions, problems)
     paths = write_report(summaries, k, out, by_group)
-    console.print(markdown_table(summaries, k))
-    if by_group:
-        console.print(by_group)
+    console.print(markdown_table(summaries, k, by_group))
     console.print("report: " + ", ".join(paths))
     console.print(json.dumps(summaries, indent=2))

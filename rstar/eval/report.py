@@ -73,8 +73,10 @@ def plot(summaries: dict[str, dict], key: str, ylabel: str, path: str) -> str:
 def write_report(summaries: dict[str, dict], k: int, out_dir: str, groups: str = "") -> list[str]:
     """report.md, report.html, accuracy.png and length.png under `out_dir`; returns the paths.
     `groups`: the by-group table (rstar.eval.groups), if any, under the main one in report.md."""
-    tables = markdown_table(summaries, k) + (f"\n\n{groups}" if groups else "")
-    md = atomic_write_text(os.path.join(out_dir, "report.md"), f"# Evaluation\n\n{tables}\n")
+    md = atomic_write_text(
+        os.path.join(out_dir, "report.md"),
+        f"# Evaluation\n\n{markdown_table(summaries, k, groups)}\n",
+    )
     page = atomic_write_text(os.path.join(out_dir, "report.html"), html_table(summaries, k))
     acc = plot(summaries, "avg_pass@1", "avg pass@1", os.path.join(out_dir, "accuracy.png"))
     length = plot(

@@ -174,9 +174,10 @@ def summarize_eval(records: list[dict], problems: dict[str, dict], k: int) -> di
     return out
 
 
-def markdown_table(summaries: dict[str, dict], k: int) -> str:
+def markdown_table(summaries: dict[str, dict], k: int, groups: str = "") -> str:
     """One overall score per model (or stage) with its sample size and 95% interval, then the
-    benchmarks side by side (a column triple per model) and a key to the columns."""
+    benchmarks side by side (a column triple per model) and a key to the columns; then
+    `groups`, the by-group table (rstar.eval.groups), if there is one."""
     names = list(summaries)
     overall = [
         "| checkpoint | avg@1, all questions | 95% interval | questions x samples |",
@@ -210,4 +211,4 @@ def markdown_table(summaries: dict[str, dict], k: int) -> str:
         f"questions; pass@{k}: questions solved by at least one of {k} samples (unbiased "
         "estimate); len: mean response tokens."
     )
-    return "\n".join([*overall, "", *lines, "", key])
+    return "\n".join([*overall, "", *lines, "", key, *(["", groups] if groups else [])])

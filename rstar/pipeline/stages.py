@@ -503,7 +503,7 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
         report=out_dir,
         evaluation=Evaluation(
             summaries,
-            markdown_table(summaries, recipe.eval.k) + (f"\n\n{by_group}" if by_group else ""),
+            markdown_table(summaries, recipe.eval.k, by_group),
             learnt,
             lines,
         ),
