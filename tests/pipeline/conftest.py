@@ -7,12 +7,14 @@ base with its manifest, `shipped_sft`), and the problems are ones it solves abou
 (`product_problems`, curated from JSONL files like any user's). So rl1 moves the weights, and a
 resume that lost them, or AdamW's moments, shows in what follows."""
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -159,6 +161,24 @@ def wait_for(url: str, proc: subprocess.Popen, what: str, timeout_s: float = 180
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: {url} did not answer within {timeout_s:.0f} s")
         time.sleep(1)
+
+
+def prefect_call(api: str, path: str, body: dict | None = None, tries: int = 6):
+    """One Prefect REST call (POST when there is a body). A 503 is the server's "SQLite was busy,
+    try again" (prefect/server/api/server.py), which Prefect's own client retries; so do we, with
+    the same kind of backoff, a bounded number of times."""
+    data = None if body is None else json.dumps(body).encode()
+    for attempt in range(tries):
+        req = urllib.request.Request(
+            f"{api}{path}", data=data, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or attempt == tries - 1:
+                raise
+        time.sleep(2**attempt)
 
 
 @pytest.fixture

@@ -3,21 +3,11 @@ set Cancelling mid-stage (what the UI's Cancel button sends). It must end Cancel
 Crashed state on the way, its stage task Cancelled, the stage's Ray worker gone, and its MLflow
 runs KILLED, not FAILED."""
 
-import json
 import os
 import time
-import urllib.request
 
+from tests.pipeline.conftest import prefect_call as _call
 from tests.pipeline.conftest import prefect_services, write_recipe
-
-
-def _call(api: str, path: str, body: dict | None = None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        f"{api}{path}", data=data, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.load(r)
 
 
 def _until(what: str, check, timeout_s: float):

@@ -5,13 +5,17 @@ override, submits it, and watches the flow run finish with its progress and summ
 then it opens the MLflow UI on the store the run wrote and finds the headline on the parent run.
 """
 
-import json
 import os
 import shutil
 import sys
-import urllib.request
 
-from tests.pipeline.conftest import free_port, prefect_services, wait_for, write_recipe
+from tests.pipeline.conftest import (
+    free_port,
+    prefect_call,
+    prefect_services,
+    wait_for,
+    write_recipe,
+)
 
 # as root, in a container, with no network beyond loopback: no sandbox, no GPU, no background
 # connections (they would be refused, many at a time)
@@ -64,8 +68,7 @@ def test_a_run_from_the_prefect_form_and_its_headline_in_mlflow(shipped_sft, ser
             page.screenshot(path=str(tmp_path / "prefect-failure.png"), full_page=True)
             raise
 
-        with urllib.request.urlopen(f"{api}/flow_runs/{run_id}") as r:
-            params = json.load(r)["parameters"]
+        params = prefect_call(api, f"/flow_runs/{run_id}")["parameters"]
         assert params["seed"] == 1  # what the form sent
 
         # the MLflow UI on the store the run wrote: the parent run's headline metric
