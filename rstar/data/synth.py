@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rstar.data import check_names
@@ -271,22 +271,39 @@ FAMILIES = [
 FAMILY = {f.name: f for f in FAMILIES}
 
 
+def family_levels(
+    levels: Sequence[int] | Mapping[str, Sequence[int]], families: list[str] | None = None
+) -> dict[str, Sequence[int]]:
+    """Each chosen family's levels: `levels` is one list for every family, or a list per family
+    ({family: levels}, whose keys are then the families unless `families` names them). Raises
+    ValueError naming an unknown family or one without levels."""
+    if isinstance(levels, Mapping):
+        check_names("families", list(levels), FAMILY)
+        families = families or list(levels)
+        if missing := [f for f in families if f not in levels]:
+            raise ValueError(f"levels: no levels given for families {missing}")
+    check_names("families", families, FAMILY)
+    chosen = families or [f.name for f in FAMILIES]
+    return {f: levels[f] if isinstance(levels, Mapping) else levels for f in chosen}
+
+
 def generate(
     n: int,
     *,
     seed: int = 0,
-    levels: tuple[int, ...] = (1, 2, 3),
+    levels: Sequence[int] | Mapping[str, Sequence[int]] = (1, 2, 3),
     families: list[str] | None = None,
     prefix: str = "synth",
 ) -> list[dict]:
-    """`n` problems (rows of the problems schema), cycling through families and levels."""
-    check_names("families", families, FAMILY)
-    chosen = [FAMILY[f] for f in families] if families else FAMILIES
+    """`n` problems (rows of the problems schema), cycling through the families and, within
+    each, its levels (`family_levels`)."""
+    chosen = list(family_levels(levels, families).items())
     rng = random.Random(seed)
     rows = []
     for i in range(n):
-        fam = chosen[i % len(chosen)]
-        level = levels[(i // len(chosen)) % len(levels)]
+        name, its = chosen[i % len(chosen)]
+        fam = FAMILY[name]
+        level = its[(i // len(chosen)) % len(its)]
         params, answer = fam.make(rng, level)
         template = rng.randrange(len(fam.phrasings))
         rows.append(

@@ -40,14 +40,18 @@ class _Strict(BaseModel):
 
 
 class Synthetic(_Strict):
+    """`n` generated problems cycling through `families` (default: all) and `levels`, one list
+    for all of them or one per family ({power_mod: [1], long_sum: [1, 2]}, whose keys are then
+    the families)."""
+
     n: int = Field(gt=0)
     seed: int = 0
-    levels: list[int] = [1, 2, 3]
+    levels: list[int] | dict[str, list[int]] = [1, 2, 3]
     families: list[str] | None = None
 
     @model_validator(mode="after")
     def _known(self):
-        check_names("families", self.families, synth.FAMILY)
+        synth.family_levels(self.levels, self.families)
         return self
 
 

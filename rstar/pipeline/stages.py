@@ -148,7 +148,7 @@ def problems(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
         if spec.synthetic:
             s = spec.synthetic
             rows = synth.generate(
-                s.n, seed=s.seed, levels=tuple(s.levels), families=s.families, prefix=name
+                s.n, seed=s.seed, levels=s.levels, families=s.families, prefix=name
             )
             excluded = set(held_out)
             rows = [r for r in rows if r["problem"] not in excluded]

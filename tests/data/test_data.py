@@ -352,3 +352,21 @@ def test_unknown_synthetic_families_are_named():
 
     with _pytest.raises(ValueError, match=r"unknown families \['nope'\]; known: \['arrangements'"):
         synth.generate(3, families=["big_power", "nope"])
+
+
+def test_levels_may_be_given_per_family():
+    """{family: levels} cycles each family through its own levels (the families are the keys);
+    one list for all families gives the same problems as before the mapping existed."""
+    import pytest as _pytest
+
+    rows = synth.generate(40, seed=2, levels={"power_mod": [1], "long_sum": [1, 2]})
+    seen = [(m["family"], m["level"]) for m in (json.loads(r["metadata"]) for r in rows)]
+    assert seen[:4] == [("power_mod", 1), ("long_sum", 1), ("power_mod", 1), ("long_sum", 2)]
+    assert set(seen) == {("power_mod", 1), ("long_sum", 1), ("long_sum", 2)}
+    as_one = synth.generate(40, seed=2, levels=[1, 2], families=["power_mod", "long_sum"])
+    as_map = synth.generate(40, seed=2, levels={"power_mod": [1, 2], "long_sum": [1, 2]})
+    assert as_one == as_map
+    with _pytest.raises(ValueError, match=r"no levels given for families \['long_sum'\]"):
+        synth.generate(3, levels={"power_mod": [1]}, families=["power_mod", "long_sum"])
+    with _pytest.raises(ValueError, match=r"unknown families \['nope'\]"):
+        synth.generate(3, levels={"nope": [1]})

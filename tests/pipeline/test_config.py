@@ -41,6 +41,10 @@ def test_tiny_recipe_loads_with_the_trainers_dataclasses():
             r"rl stage rl2: mini_batches \(3\) must divide prompts_per_step \(8\)",
         ),
         ({"train_problems.synthetic.families": ["nope"]}, r"unknown families \['nope'\]"),
+        (
+            {"eval_problems.synthetic.levels": {"power_mod": [1]}},
+            r"eval_problems\.synthetic: .*no levels given for families \['big_product'\]",
+        ),
         ({"prompt_style": "fancy"}, r"prompt_style: Input should be 'paper' or 'compact'"),
         (
             {"rl.3.steps": 3},
