@@ -196,6 +196,7 @@ _PRINT_PLAN, _PRINT_READ = (
 # Slips a first call makes in arithmetic, each a tool error: a misspelt name, a lost or doubled
 # closing parenthesis.
 _SLIPS = (lambda e: f"prnt({e})", lambda e: f"print({e}", lambda e: f"print({e}))")
+_FIX = "The tool reported an error in my code; I will fix it and run it again."
 
 
 def _arith_recover(rng):
@@ -209,7 +210,7 @@ def _arith_recover(rng):
         rng.choice(_ASK_ARITH).format(notation),
         _PRINT_PLAN,
         bad,
-        "The tool reported an error in my code; I will fix it and run it again.",
+        _FIX,
         f"print({code})",
         _PRINT_READ,
         eval(code),  # noqa: S307 - generated arithmetic
@@ -292,15 +293,36 @@ _ASK_SUM = (
 )
 
 
-def _calc_sum(rng):
-    """A sum of two to eight numbers of two to four digits, listed in words and added by the
-    tool: the pieces of the long_sum family (rstar.data.synth, 4/8/16 numbers of 3-4 digits)
-    at up to its level-2 length, for RL to make reliable. The tiny model copies only operands
-    and lists it was taught (docs/benchmarks.md, trial curricula): `calc` stops at three digits
-    and two terms of a sum, and with two to four terms here no 8-number sum was ever right."""
+def _sum_terms(rng) -> tuple[str, str]:
+    """Two to eight numbers of two to four digits: (listed in words, their sum in Python)."""
     xs = [rng.randint(10, 10 ** rng.randint(2, 4) - 1) for _ in range(rng.randint(2, 8))]
-    listed = ", ".join(map(str, xs[:-1])) + f" and {xs[-1]}"
-    return "calc_sum", _printed(rng.choice(_ASK_SUM).format(listed), "+".join(map(str, xs)))
+    return ", ".join(map(str, xs[:-1])) + f" and {xs[-1]}", "+".join(map(str, xs))
+
+
+def _calc_sum(rng):
+    """A sum of two to eight numbers listed in words and added by the tool: the pieces of the
+    long_sum family (rstar.data.synth, 4/8/16 numbers of 3-4 digits) at up to its level-2
+    length, for RL to make reliable. The tiny model copies only operands and lists it was taught
+    (docs/benchmarks.md, trial curricula): `calc` stops at three digits and two terms of a sum,
+    and with two to four terms here no 8-number sum was ever right."""
+    listed, expr = _sum_terms(rng)
+    return "calc_sum", _printed(rng.choice(_ASK_SUM).format(listed), expr)
+
+
+def _calc_sum_recover(rng):
+    """calc_sum whose first call has a slip (`_SLIPS`), its error, and the fixed call: the long
+    call of a sum is where the tiny model slips, and a correct answer reached through such an
+    error is what RoC learns to avoid and plain GRPO rewards like a clean one."""
+    listed, expr = _sum_terms(rng)
+    return "calc_sum_recover", _with_retry(
+        rng.choice(_ASK_SUM).format(listed),
+        _PRINT_PLAN,
+        rng.choice(_SLIPS)(expr),
+        _FIX,
+        f"print({expr})",
+        _PRINT_READ,
+        eval(expr),  # noqa: S307 - generated arithmetic
+    )
 
 
 _ASK_ARITH = (
@@ -360,6 +382,7 @@ TASKS = {
     "calc": _calc,
     "calc_long": _calc_long,
     "calc_sum": _calc_sum,
+    "calc_sum_recover": _calc_sum_recover,
     "instruction": _no_tool,
     "arith_tool": lambda rng: _arith(rng, True),
     "arith_direct": lambda rng: _arith(rng, False),

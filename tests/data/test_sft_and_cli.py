@@ -41,8 +41,9 @@ def test_sft_examples_teach_the_format():
         assert "divisor" not in row["messages"] and "prime" not in row["messages"]
 
 
-def test_arith_recover_fails_once_then_reads_back_the_fixed_call():
-    for row in sft.generate(30, seed=3, tasks=["arith_recover"]):
+@pytest.mark.parametrize("task", ["arith_recover", "calc_sum_recover"])
+def test_recover_tasks_fail_once_then_read_back_the_fixed_call(task):
+    for row in sft.generate(30, seed=3, tasks=[task]):
         msgs = json.loads(row["messages"])
         tools = [m["content"] for m in msgs if m["role"] == "tool"]
         assert len(tools) == 2
@@ -52,6 +53,9 @@ def test_arith_recover_fails_once_then_reads_back_the_fixed_call():
         )
         assert first != second and second.startswith("print(")
         assert extract_answer(msgs[-1]["content"]) == tools[1].strip()
+        if task == "calc_sum_recover":  # the slipped call and the fix add the listed terms
+            terms = second.removeprefix("print(").removesuffix(")").split("+")
+            assert all(t in first and t in msgs[0]["content"] for t in terms)
 
 
 async def test_sft_tool_responses_match_the_real_sandbox():
