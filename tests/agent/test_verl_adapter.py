@@ -114,7 +114,16 @@ async def test_sandbox_tool_for_verls_tool_loop(sandbox_url):
     assert metrics["status"] == "parse_error" and "Invalid arguments" in resp.text
 
 
-async def test_a_call_the_sandbox_never_ran_is_counted_apart_from_code_errors(tokenizer):
+async def test_a_call_the_sandbox_never_ran_is_counted_apart_from_code_errors(
+    tokenizer, monkeypatch
+):
+    from rstar.agent import verl_adapter
+    from rstar.sandbox.client import SandboxClient
+
+    # the loop's client for this URL, retrying for 2 s instead of the 60 s a restart may take
+    url = "http://127.0.0.1:9"
+    client = await SandboxClient(url, retry_for_s=2.0).__aenter__()
+    monkeypatch.setitem(verl_adapter._clients, url, client)
     call = json.dumps({"name": TOOL_NAME, "arguments": {"code": "print(6*7)", "input": ""}})
     server = FakeServerManager(
         tokenizer,
@@ -126,8 +135,9 @@ async def test_a_call_the_sandbox_never_ran_is_counted_apart_from_code_errors(to
     out = await run_in_verl(
         tokenizer,
         server,
-        {"sandbox_url": "http://127.0.0.1:9", "sampling": {"max_turns": 4, "tool_timeout_s": 1.0}},
+        {"sandbox_url": url, "sampling": {"max_turns": 4, "tool_timeout_s": 1.0}},
     )
+    await client.close()
     assert out.extra_fields["rstar_num_tool_errors"] == 1
     # the row verl's trainer gets says the sandbox never ran it (rollout/sandbox_failure_rate)
     row = json.loads(out.extra_fields[ROW_FIELD])

@@ -258,7 +258,7 @@ def test_a_weight_sync_that_cannot_land_ends_the_run_naming_the_engine_and_step(
         "cpu",
         [
             "++ray_kwargs.ray_init.runtime_env.env_vars.VLLM_PLUGINS=none",
-            "rstar.weight_sync_timeout_s=60",
+            "rstar.weight_sync_timeout_s=20",
         ],
         steps=1,
     )
