@@ -233,18 +233,18 @@ def test_sft_task_selection_and_calc_examples_are_right():
             shown = expr.split("+") if r["task"] == "calc_sum" else [expr]
             assert code == f"print({expr})" and all(x in msgs[0]["content"] for x in shown)
             if r["task"] == "calc_sum":
-                assert 2 <= len(shown) <= 8 and all(10 <= int(x) <= 9999 for x in shown)
+                assert 2 <= len(shown) <= 4 and all(10 <= int(x) <= 9999 for x in shown)
             assert msgs[2]["content"].strip() == str(eval(expr))
             assert f"\\boxed{{{eval(expr)}}}" in msgs[3]["content"]
             if r["task"] == "calc_long":  # a value of 4-8 digits (mostly 6) to read back
                 assert 9_900 <= eval(expr) < 100_000_000
-    # sums run to long_sum's level-2 length (8 terms)
+    # sums run to long_sum's level-1 length (4 terms)
     terms = [
         json.loads(r["messages"])[1]["tool_calls"][0]["arguments"]["code"].count("+") + 1
         for r in rows
         if r["task"] == "calc_sum"
     ]
-    assert max(terms) == 8 and min(terms) == 2
+    assert max(terms) == 4 and min(terms) == 2
     with _pytest.raises(ValueError, match=r"unknown SFT task\(s\) \['nope'\]"):
         sft.generate(3, tasks=["nope"])
 
