@@ -152,11 +152,7 @@ class RStarAgentLoop(AgentLoopBase):
             reward_score=reward_of(traj, kwargs.get("reward_model")),
             metrics=AgentLoopMetrics(generate_sequences=traj.generate_s, tool_calls=traj.tool_s),
             extra_fields={
-                "rstar_finish_reason": traj.finish_reason,
-                "rstar_turns": traj.turns,
-                "rstar_num_answers": traj.num_answers,
-                "rstar_num_tool_calls": len(traj.tool_calls),
-                "rstar_num_tool_errors": traj.num_tool_errors,
+                # read by the reward function (verl hands it the extra fields)
                 "rstar_truncated": traj.truncated,
                 ROW_FIELD: json.dumps(
                     {

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import os
 import random
@@ -46,6 +47,7 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.ray_utils import auto_await
 
+from rstar.agent.verl_adapter import ROW_FIELD
 from rstar.algo.roc import RoCConfig, Rollout, keep_indices
 from rstar.data.io import write_table
 from rstar.logs import configure
@@ -57,19 +59,20 @@ log = logging.getLogger(__name__)
 
 def rollouts_of(batch: DataProto) -> list[Rollout]:
     """The batch's rows as RoC reads them: prompt group `uid`, reward (`rm_scores` summed),
-    and the penalty counts the agent loop put in its extra fields."""
+    and the penalty counts of the trajectory row the agent loop handed on (ROW_FIELD)."""
     nt = batch.non_tensor_batch
     rewards = batch.batch["rm_scores"].sum(-1).tolist()
+    rows = [json.loads(s) for s in nt[ROW_FIELD]]
     return [
         Rollout(
-            str(nt["uid"][i]),
-            rewards[i],
-            int(nt["rstar_num_tool_calls"][i]),
-            int(nt["rstar_num_tool_errors"][i]),
-            int(nt["rstar_num_answers"][i]),
-            int(nt["rstar_turns"][i]),
+            str(uid),
+            reward,
+            row["num_tool_calls"],
+            row["num_tool_errors"],
+            row["num_answers"],
+            row["turns"],
         )
-        for i in range(len(batch))
+        for uid, reward, row in zip(nt["uid"], rewards, rows, strict=True)
     ]
 
 

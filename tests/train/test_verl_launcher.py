@@ -119,8 +119,8 @@ def test_build_writes_dataset_and_agent_loop_files(tmp_path):
 
 def agent_loop_batch(n_prompts: int = 2, per_prompt: int = 8, width: int = 6):
     """A step's batch as verl's agent loop hands it to the trainer: rewards in `rm_scores` (at
-    each response's last token), masks, the loop's RoC counts in `rstar_*` fields and each
-    rollout's trajectory row (ROW_FIELD)."""
+    each response's last token), masks, and each rollout's trajectory row (ROW_FIELD), which
+    holds the counts RoC reads."""
     from verl.protocol import DataProto
 
     from rstar.agent.verl_adapter import ROW_FIELD
@@ -164,10 +164,6 @@ def agent_loop_batch(n_prompts: int = 2, per_prompt: int = 8, width: int = 6):
         },
         non_tensors={
             "uid": uids,
-            "rstar_num_tool_calls": np.array([len(c) for c in calls] * n_prompts)[:n],
-            "rstar_num_tool_errors": np.array([0, 2, 2, 0, 0, 0, 0, 0] * n_prompts)[:n],
-            "rstar_num_answers": np.ones(n, dtype=int),
-            "rstar_turns": np.full(n, 3),
             ROW_FIELD: np.array(rows, dtype=object),
         },
     )
