@@ -164,7 +164,7 @@ def serve_command(
 def bench_recipe_command(
     config: str = typer.Option("configs/tiny.yaml"),
     out: str = typer.Option("docs/benchmarks.md"),
-    png: str = typer.Option("docs/tiny_ablation.png"),
+    png: str = typer.Option("docs/tiny_ablation.png", help="Where the ablation's curves go."),
     seeds: int = typer.Option(
         3,
         min=1,
@@ -182,6 +182,11 @@ def bench_recipe_command(
         "(its seed moved too) instead of the shipped one.",
     ),
     root: str = typer.Option("runs/robustness", help="With --robustness: storage of the runs."),
+    ablation_only: bool = typer.Option(
+        False,
+        help="Only the RoC-vs-GRPO ablation: the recipe up to SFT, then stage 1 per mode and "
+        "seed; its table printed, docs/benchmarks.md left as it is (give --png elsewhere).",
+    ),
     set_: list[str] = typer.Option(
         [], "--set", help="Override a recipe value: KEY=VALUE (repeatable); not with --robustness."
     ),
@@ -196,14 +201,20 @@ def bench_recipe_command(
     import time
 
     from flows.pipeline import pipeline
-    from rstar.bench.recipe import write_real_model_benchmark, write_recipe_benchmark
+    from rstar.bench.recipe import run_ablation, write_real_model_benchmark, write_recipe_benchmark
     from rstar.pipeline.config import load_recipe
 
     values = overrides(set_)
+    recipe = load_recipe(config, values)
     start = time.monotonic()
+    if ablation_only:
+        outs = pipeline(config, values, until="sft")
+        table, met = run_ablation(recipe, outs["sft"].model.uri, seeds, png)
+        typer.echo("\n".join([*table, f"target {'met' if met else 'NOT met'}; curves: {png}"]))
+        return
     outs = pipeline(config, values)
-    if load_recipe(config, values).base.build_tiny:
-        write_recipe_benchmark(config, outs, time.monotonic() - start, out, png, seeds)
+    if recipe.base.build_tiny:
+        write_recipe_benchmark(config, outs, time.monotonic() - start, out, png, seeds, values)
     else:  # a real base: no tiny-scale ablation, figures per benchmark
         write_real_model_benchmark(config, outs, time.monotonic() - start, out, values)
 

@@ -75,6 +75,17 @@ def ablation(
     return out
 
 
+def run_ablation(recipe, sft_model: str, seeds: int, png: str) -> tuple[list[str], bool]:
+    """`ablation` compared over the end of the stage: its curves at `png`, the per-step
+    histories beside them (.json, to re-plot or re-read); (the table's rows, target met)."""
+    histories = ablation(recipe, sft_model, seeds)
+    atomic_write_text(
+        os.path.splitext(png)[0] + ".json", json.dumps(histories, indent=1, default=str)
+    )
+    plot_ablation(histories, png)
+    return ablation_table(histories, end_window(recipe.rl[0].steps))
+
+
 def end_window(steps: int) -> int:
     """How many final steps stand for "the end of stage 1": its last third, so that one step's
     handful of correct trajectories with an error (0 or 0.1 a step at the tiny scale) does
@@ -209,23 +220,19 @@ def write_recipe_benchmark(
     out: str = "docs/benchmarks.md",
     png: str = "docs/tiny_ablation.png",
     seeds: int = 3,
+    values: dict | None = None,
 ) -> str:
-    """The section for one finished run of the recipe in `config` (`outs`: the pipeline's
-    outputs, `wall`: how long the run that returned them took), with the ablation run here."""
+    """The section for one finished run of the recipe in `config` with overrides `values`
+    (`outs`: the pipeline's outputs, `wall`: how long the run that returned them took), with
+    the ablation run here."""
     from rstar.machine import cpu_model
 
-    recipe = load_recipe(config)
+    recipe = load_recipe(config, values)
     seconds = stage_seconds(recipe, outs)
     summaries = outs["evaluate"].evaluation.summaries
     acc = {name: overall_accuracy(s) for name, s in summaries.items()}
-    histories = ablation(recipe, outs["sft"].model.uri, seeds)
-    # the per-step histories beside the plot, to re-plot or re-read
-    atomic_write_text(
-        os.path.splitext(png)[0] + ".json", json.dumps(histories, indent=1, default=str)
-    )
-    plot_ablation(histories, png)
     window = end_window(recipe.rl[0].steps)
-    table, met = ablation_table(histories, window)
+    table, met = run_ablation(recipe, outs["sft"].model.uri, seeds, png)
 
     recipe_s = sum(seconds.get(s, 0.0) for s in trained_stages(recipe))
     lines = [

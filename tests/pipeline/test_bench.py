@@ -141,3 +141,51 @@ def test_the_real_model_section_reports_gains_with_their_intervals(tmp_path):
     assert "- champ, over sft: +0.010 (-0.034 to +0.054; includes zero)" in text
     assert "| rl1 | 3 | 0.667 | 0.250 | 150 |" in text and "- ok: rl1 held-out ..." in text
     assert (tmp_path / "b.md").read_text().count("## Real model: smollm2") == 1
+
+
+def test_ablation_only_runs_the_recipe_to_sft_and_the_ablation_on_its_overrides(
+    tmp_path, monkeypatch
+):
+    """`rstar bench-recipe --ablation-only --set ...`: the pipeline up to SFT and the ablation
+    both see the overrides (the full benchmark used to load the recipe file without them for
+    its ablation); the table is printed and docs/benchmarks.md is not written."""
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    import flows.pipeline
+    import rstar.bench.recipe as bench
+    from flows.cli import app
+
+    seen = {}
+
+    def pipeline(config, values, until=None):
+        seen["pipeline"] = (config, values, until)
+        return {"sft": SimpleNamespace(model=SimpleNamespace(uri="sft-model"))}
+
+    def ablation(recipe, sft_model, seeds):
+        seen["ablation"] = (recipe.rl[0].steps, recipe.rl[0].sampling.max_response_tokens)
+        return {
+            m: {s: [_step(i, 10, e) for i in (1, 2, 3)] for s in range(seeds)}
+            for m, e in (("roc", 0), ("grpo", 1))
+        }
+
+    monkeypatch.setattr(flows.pipeline, "pipeline", pipeline)
+    monkeypatch.setattr(bench, "ablation", ablation)
+    out = tmp_path / "benchmarks.md"
+    png = tmp_path / "abl.png"
+    args = ["bench-recipe", "--ablation-only", "--seeds", "5", "--out", str(out)]
+    args += [
+        "--png",
+        str(png),
+        "--set",
+        "rl1.steps=3",
+        "--set",
+        "rl1.sampling.max_response_tokens=90",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert seen["pipeline"][2] == "sft" and seen["pipeline"][1]["rl1.steps"] == 3
+    assert seen["ablation"] == (3, 90)
+    assert "| roc | 0.000 |" in result.output and "target met" in result.output
+    assert png.exists() and (tmp_path / "abl.json").exists() and not out.exists()
