@@ -62,13 +62,22 @@ def overall_interval(summary: dict) -> tuple[float, float]:
     return max(0.0, mean - 1.96 * se), min(1.0, mean + 1.96 * se)
 
 
-def question_accuracy(records: list[dict]) -> dict[str, float]:
+def question_accuracy(records: list[dict], half: int | None = None) -> dict[str, float]:
     """avg@1 per question: evaluation records (rows of the trajectories schema) by problem id,
-    a sample correct when its reward is."""
-    by: dict[str, list[bool]] = {}
+    a sample correct when its reward is. `half` 0 or 1: from the first or the other half of
+    each question's samples (by sample index) only, two independent estimates: one can choose
+    questions and the other measure them without the choice favouring the measure."""
+    by: dict[str, list[tuple[int, bool]]] = {}
     for r in records:
-        by.setdefault(r["problem_id"], []).append(r["reward"] > 0)
-    return {pid: avg_pass_at_1(c) for pid, c in by.items()}
+        by.setdefault(r["problem_id"], []).append((r["sample_index"], r["reward"] > 0))
+    out = {}
+    for pid, samples in by.items():
+        correct = [c for _, c in sorted(samples)]
+        if half is not None:
+            cut = len(correct) // 2
+            correct = correct[:cut] if half == 0 else correct[cut:]
+        out[pid] = avg_pass_at_1(correct)
+    return out
 
 
 def paired_gain(before: list[float], after: list[float]) -> tuple[float, float, float]:

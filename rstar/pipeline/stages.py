@@ -435,7 +435,7 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
     # the inputs) as it finishes: a retried or resumed evaluation does not evaluate it again
     _, work = cache.work_dir(recipe, "evaluate", inputs)
     by_id = {p["id"]: p for p in problems_}
-    summaries, questions = {}, {}
+    summaries, questions, halves = {}, {}, ({}, {})
     for name, model in inputs.models.items():
         done = f"{work}/{name}.samples.parquet"
         fs, inner = filesystem(done)
@@ -445,30 +445,30 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
                 [{**r, "correct": r["reward"] > 0} for r in records], by_id, recipe.eval.k
             )
             log.tag(f"rstar.reused.{name}", done)
-            write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
-            questions[name] = question_accuracy(records)
-            continue
-        path = dirs.pull(model.uri)
-        # e.g. a registered version's files, changed
-        if model.digest and (found := digest(path)) != model.digest:
-            raise NotRetryable(
-                f"{name}: the files at {model.uri} have digest {found}, not the {model.digest} "
-                "they were registered with"
+        else:
+            path = dirs.pull(model.uri)
+            # e.g. a registered version's files, changed
+            if model.digest and (found := digest(path)) != model.digest:
+                raise NotRetryable(
+                    f"{name}: the files at {model.uri} have digest {found}, not the "
+                    f"{model.digest} they were registered with"
+                )
+            clock = _rollout_clock(f"eval/{name}", len(problems_) * recipe.eval.k)
+            records, summaries[name] = evaluate_model(
+                path,
+                problems_,
+                recipe.eval,
+                prompt_style=recipe.prompt_style,
+                name=name,
+                progress=clock.advance,
+                **serving(recipe),
             )
-        clock = _rollout_clock(f"eval/{name}", len(problems_) * recipe.eval.k)
-        records, summaries[name] = evaluate_model(
-            path,
-            problems_,
-            recipe.eval,
-            prompt_style=recipe.prompt_style,
-            name=name,
-            progress=clock.advance,
-            **serving(recipe),
-        )
-        write_table(records, done, "trajectories")
+            write_table(records, done, "trajectories")
+            give_back_memory()  # the checkpoint's model and engine, before the next one loads
         write_table(records, f"{out_dir}/{name}.samples.parquet", "trajectories")
         questions[name] = question_accuracy(records)
-        give_back_memory()  # the checkpoint's model and engine, before the next one loads
+        for half, acc in enumerate(halves):
+            acc[name] = question_accuracy(records, half)
     for name in summaries:  # every sample, browsable from the evaluation's MLflow run
         log.artifact(f"{out_dir}/{name}.samples.parquet", "samples")
     write_json(summaries, f"{out_dir}/summary.json")
@@ -477,7 +477,7 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
     recipe_order = ["sft"] + [r.name for r in recipe.rl]
     trained = {name: s for name, s in summaries.items() if name != "base"}
     learnt, lines = (
-        verdict(trained, recipe.expect, inputs.copying, questions, problems_)
+        verdict(trained, recipe.expect, inputs.copying, questions, problems_, halves)
         if list(trained) == recipe_order
         else (None, [])
     )

@@ -23,11 +23,15 @@ from rstar.eval.metrics import overall_accuracy, paired_gain
 @dataclass
 class Subset:
     """Held-out questions by their metadata (synthetic problems carry family and level); a
-    field left out matches every question."""
+    field left out matches every question. `hard`: only those the stage before did not always
+    solve, as mining chooses problems for stage 3; judged on the first half of that stage's
+    samples of each question and measured on the other half of both stages' samples, so that
+    questions picked for a bad draw do not rise by chance (regression to the mean)."""
 
     __pydantic_config__ = {"extra": "forbid"}
     families: list[str] | None = None
     levels: list[int] | None = None
+    hard: bool = False
 
     def holds(self, problem: dict) -> bool:
         meta = json.loads(problem["metadata"])
@@ -35,9 +39,11 @@ class Subset:
             self.levels is None or meta.get("level") in self.levels
         )
 
-    def describe(self) -> str:
+    def describe(self, before: str = "the stage before") -> str:
         parts = [f"families {'/'.join(self.families)}"] if self.families else []
         parts += [f"levels {'/'.join(map(str, self.levels))}"] if self.levels else []
+        if self.hard:
+            parts.append(f"hard ({before} wrong in its first half of samples; scored on the other)")
         return ", ".join(parts) or "all questions"
 
 
@@ -57,11 +63,13 @@ def verdict(
     copying: dict[str, dict] | None = None,
     questions: dict[str, dict[str, float]] | None = None,
     problems: list[dict] | None = None,
+    halves: tuple[dict, dict] | None = None,
 ) -> tuple[bool, list[str]]:
     """(learnt, lines): `summaries` are the evaluation's, SFT first then the RL stages in order;
     `copying` the copy_* metrics of the base and SFT stages ({"base": {...}, "sft": {...}});
     `questions` each checkpoint's avg@1 per held-out problem id and `problems` the held-out rows
-    (needed when the recipe names what a stage is for)."""
+    (needed when the recipe names what a stage is for); `halves` the same avg@1 from the first
+    and from the other half of each question's samples (needed for a `hard` subset)."""
     names = list(summaries)
     acc = {n: overall_accuracy(summaries[n]) for n in names}
     lines, learnt = [], True
@@ -75,7 +83,9 @@ def verdict(
             line = f"{mark}: {line}, expected at least {expect.first_stage_gain:+.2f}"
         lines.append(line)
         if after in expect.stage_for:
-            ok, line = _stage_for(after, before, expect.stage_for[after], questions, problems)
+            ok, line = _stage_for(
+                after, before, expect.stage_for[after], questions, problems, halves
+            )
             learnt &= ok
             lines.append(line)
     final = acc[names[-1]] - acc[names[0]]
@@ -108,14 +118,24 @@ def verdict(
 
 
 def _stage_for(
-    stage: str, before: str, subset: Subset, questions: dict | None, problems: list[dict] | None
+    stage: str,
+    before: str,
+    subset: Subset,
+    questions: dict | None,
+    problems: list[dict] | None,
+    halves: tuple[dict, dict] | None,
 ) -> tuple[bool, str]:
     """Whether `stage` lifted the questions it is for over `before`, and the line saying so."""
     ids = [p["id"] for p in problems or [] if subset.holds(p)]
+    if subset.hard:
+        if halves is None:
+            raise ValueError(f"expect.stage_for.{stage}: a hard subset needs split samples")
+        choose, questions = halves
+        ids = [i for i in ids if choose[before].get(i, 1.0) < 1.0]
     if len(ids) < 2 or questions is None:
         return False, (
-            f"NO GAIN SHOWN: {stage} on {subset.describe()}: {len(ids)} held-out questions match, "
-            "too few to measure"
+            f"NO GAIN SHOWN: {stage} on {subset.describe(before)}: {len(ids)} held-out questions "
+            "match, too few to measure"
         )
     gain, low, high = paired_gain(
         [questions[before][i] for i in ids], [questions[stage][i] for i in ids]
@@ -123,7 +143,7 @@ def _stage_for(
     a = sum(questions[before][i] for i in ids) / len(ids)
     ok = low > 0
     return ok, (
-        f"{'ok' if ok else 'NO GAIN SHOWN'}: {stage} on {subset.describe()} ({len(ids)} "
+        f"{'ok' if ok else 'NO GAIN SHOWN'}: {stage} on {subset.describe(before)} ({len(ids)} "
         f"questions) {a:.3f} -> {a + gain:.3f} ({gain:+.3f}, 95% interval {low:+.3f} to "
         f"{high:+.3f}), expected above zero"
     )

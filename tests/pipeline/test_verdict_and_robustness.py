@@ -103,6 +103,51 @@ def test_a_stage_is_judged_on_the_questions_it_is_for():
     assert any(x.startswith("NO GAIN SHOWN: rl2 on levels 3 (12 questions)") for x in lines)
 
 
+def test_question_accuracy_halves_are_the_first_and_the_other_samples_by_index():
+    from rstar.eval.metrics import question_accuracy
+
+    # q1's samples 0-1 wrong, 2-3 right, written out of order
+    records = [
+        {"problem_id": "q1", "sample_index": i, "reward": float(i >= 2)} for i in (3, 0, 2, 1)
+    ]
+    assert question_accuracy(records) == {"q1": 0.5}
+    assert question_accuracy(records, 0) == {"q1": 0.0}
+    assert question_accuracy(records, 1) == {"q1": 1.0}
+
+
+def test_a_hard_subset_is_chosen_on_half_the_samples_and_scored_on_the_others():
+    """rl3 is for the questions rl2 did not always solve. Questions chosen for a bad first half
+    must not rise by chance: rl3 no better than rl2 shows no gain even though rl2's mean over
+    all its samples is lower on the chosen questions (regression to the mean)."""
+    problems = _graded()
+    ids = [p["id"] for p in problems]
+    hard = set(ids[::2])  # rl2 missed these in its first half of samples
+    first = {"rl2": {i: 0.5 if i in hard else 1.0 for i in ids}, "rl3": dict.fromkeys(ids, 1.0)}
+    # the other half: rl2 at 0.5 everywhere (a bad first draw on the chosen ones did not last)
+    other = {"rl2": dict.fromkeys(ids, 0.5), "rl3": dict.fromkeys(ids, 0.5)}
+    questions = {
+        name: {i: (first[name][i] + other[name][i]) / 2 for i in ids} for name in ("rl2", "rl3")
+    }
+    summaries = _summaries(rl2=0.6, rl3=0.7)
+    expect = Expect(stage_for={"rl3": Subset(hard=True)})
+    learnt, lines = verdict(summaries, expect, None, questions, problems, (first, other))
+    assert learnt is False
+    assert any(x.startswith("NO GAIN SHOWN: rl3 on hard (rl2 wrong in its") for x in lines), lines
+    assert any("(12 questions) 0.500 -> 0.500" in x for x in lines)
+    # rl3 lifts the chosen questions on the other half: shown
+    other["rl3"] = {i: 1.0 if i in hard else 0.5 for i in ids}
+    learnt, lines = verdict(summaries, expect, None, questions, problems, (first, other))
+    assert learnt is True
+    assert any(x.startswith("ok: rl3 on hard") and "0.500 -> 1.000 (+0.500" in x for x in lines)
+
+
+def test_a_hard_subset_needs_two_samples_a_question():
+    from rstar.pipeline.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"expect.stage_for.rl3.hard needs eval.k >= 2"):
+        load_recipe("configs/tiny.yaml", {"eval.k": 1, "expect.stage_for": {"rl3": {"hard": True}}})
+
+
 def test_a_stage_whose_questions_are_missing_is_not_called_a_gain():
     expect = Expect(stage_for={"rl2": Subset(families=["absent"])})
     learnt, lines = verdict(_summaries(sft=0.2, rl1=0.5, rl2=0.9), expect, None, {}, _graded())
