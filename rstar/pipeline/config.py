@@ -194,11 +194,6 @@ class Recipe(_Strict):
             raise ValueError(
                 f"expect.stage_for names {sorted(unknown)}, not RL stages of this recipe ({names})"
             )
-        if self.eval.k < 2 and (hard := [n for n, s in self.expect.stage_for.items() if s.hard]):
-            raise ValueError(
-                f"expect.stage_for.{hard[0]}.hard needs eval.k >= 2 (half the samples choose the "
-                f"questions, the other half score them); eval.k is {self.eval.k}"
-            )
         if self.train_problems.benchmarks:
             raise ValueError("train_problems.benchmarks: benchmarks are for eval_problems only")
         if self.mine.after not in names[:-1]:

@@ -477,7 +477,14 @@ def evaluate(recipe: Recipe, layout: Layout, inputs: StageInputs, log) -> StageO
     recipe_order = ["sft"] + [r.name for r in recipe.rl]
     trained = {name: s for name, s in summaries.items() if name != "base"}
     learnt, lines = (
-        verdict(trained, recipe.expect, inputs.copying, questions, problems_, halves)
+        verdict(
+            trained,
+            recipe.expect,
+            inputs.copying,
+            questions,
+            problems_,
+            halves if recipe.eval.k >= 2 else None,
+        )
         if list(trained) == recipe_order
         else (None, [])
     )

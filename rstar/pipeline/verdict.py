@@ -69,7 +69,8 @@ def verdict(
     `copying` the copy_* metrics of the base and SFT stages ({"base": {...}, "sft": {...}});
     `questions` each checkpoint's avg@1 per held-out problem id and `problems` the held-out rows
     (needed when the recipe names what a stage is for); `halves` the same avg@1 from the first
-    and from the other half of each question's samples (needed for a `hard` subset)."""
+    and from the other half of each question's samples (for a `hard` subset; None with one
+    sample a question)."""
     names = list(summaries)
     acc = {n: overall_accuracy(summaries[n]) for n in names}
     lines, learnt = [], True
@@ -128,8 +129,11 @@ def _stage_for(
     """Whether `stage` lifted the questions it is for over `before`, and the line saying so."""
     ids = [p["id"] for p in problems or [] if subset.holds(p)]
     if subset.hard:
-        if halves is None:
-            raise ValueError(f"expect.stage_for.{stage}: a hard subset needs split samples")
+        if halves is None:  # one sample a question: nothing left to score what it chose
+            return False, (
+                f"NO GAIN SHOWN: {stage} on {subset.describe(before)}: needs eval.k >= 2 (half "
+                "the samples choose the questions, the other half score them)"
+            )
         choose, questions = halves
         ids = [i for i in ids if choose[before].get(i, 1.0) < 1.0]
     if len(ids) < 2 or questions is None:

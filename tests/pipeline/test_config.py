@@ -15,7 +15,7 @@ def test_tiny_recipe_loads_with_the_trainers_dataclasses():
     recipe = load_recipe(TINY)
     assert [s.name for s in recipe.rl] == ["rl1", "rl2", "rl3"]
     # the paper's 8K/12K/12K, scaled
-    assert [s.sampling.max_response_tokens for s in recipe.rl] == [256, 384, 384]
+    assert [s.sampling.max_response_tokens for s in recipe.rl] == [100, 256, 256]
     assert recipe.rl[2].reset_optimizer and not recipe.rl[0].reset_optimizer
     assert recipe.mine.after == "rl2"
 
@@ -40,9 +40,15 @@ def test_tiny_recipe_loads_with_the_trainers_dataclasses():
             {"rl.1.mini_batches": 3},
             r"rl stage rl2: mini_batches \(3\) must divide prompts_per_step \(8\)",
         ),
-        ({"train_problems.synthetic.families": ["nope"]}, r"unknown families \['nope'\]"),
         (
-            {"eval_problems.synthetic.levels": {"power_mod": [1]}},
+            {"train_problems.synthetic.families": ["nope"], "train_problems.synthetic.levels": [1]},
+            r"unknown families \['nope'\]",
+        ),
+        (
+            {
+                "eval_problems.synthetic.families": ["big_product", "power_mod"],
+                "eval_problems.synthetic.levels": {"power_mod": [1]},
+            },
             r"eval_problems\.synthetic: .*no levels given for families \['big_product'\]",
         ),
         ({"prompt_style": "fancy"}, r"prompt_style: Input should be 'paper' or 'compact'"),

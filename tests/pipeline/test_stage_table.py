@@ -61,6 +61,7 @@ def test_mining_follows_the_stage_the_recipe_names_and_the_base_is_evaluated_whe
             "rl": [{"name": n, "steps": 1} for n in ("a", "b", "c", "d")],
             "mine.after": "a",
             "eval.include_base": True,
+            "expect.stage_for": {},  # tiny.yaml's names rl2 and rl3
         },
     )
     assert stage_names(recipe) == [

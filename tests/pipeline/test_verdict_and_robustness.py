@@ -141,11 +141,18 @@ def test_a_hard_subset_is_chosen_on_half_the_samples_and_scored_on_the_others():
     assert any(x.startswith("ok: rl3 on hard") and "0.500 -> 1.000 (+0.500" in x for x in lines)
 
 
-def test_a_hard_subset_needs_two_samples_a_question():
-    from rstar.pipeline.config import ConfigError
-
-    with pytest.raises(ConfigError, match=r"expect.stage_for.rl3.hard needs eval.k >= 2"):
-        load_recipe("configs/tiny.yaml", {"eval.k": 1, "expect.stage_for": {"rl3": {"hard": True}}})
+def test_a_hard_subset_with_one_sample_a_question_is_not_called_a_gain():
+    expect = Expect(stage_for={"rl3": Subset(hard=True)})
+    questions = {"rl2": {"a": 0.0, "b": 0.0}, "rl3": {"a": 1.0, "b": 1.0}}
+    learnt, lines = verdict(
+        _summaries(rl2=0.0, rl3=1.0),
+        expect,
+        None,
+        questions,
+        [{"id": i, "metadata": "{}"} for i in "ab"],
+    )
+    assert learnt is False
+    assert any(x.startswith("NO GAIN SHOWN: rl3 on hard") and "eval.k >= 2" in x for x in lines)
 
 
 def test_a_stage_whose_questions_are_missing_is_not_called_a_gain():
