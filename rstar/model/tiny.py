@@ -31,6 +31,41 @@ FORMAT_TAGS = [
 ]
 
 
+# The problem families and SFT tasks of the tokenizer's corpus: those there were when the
+# shipped base was built (models/tiny-base, 2026-12-01), so that one added since does not
+# change the tokenizer of a rebuilt base (or of the tests' tiny model).
+CORPUS_FAMILIES = [
+    "power_mod",
+    "big_product",
+    "big_power",
+    "divisor_count",
+    "divisor_sum",
+    "digit_sum_power",
+    "digit_sum_factorial",
+    "prime_count",
+    "prime_sum",
+    "committee",
+    "arrangements",
+    "linear_diophantine",
+    "bounded_sum",
+]
+CORPUS_SFT_TASKS = [
+    "reverse",
+    "count_letter",
+    "sort_words",
+    "word_count",
+    "longest_word",
+    "error_recovery",
+    "stdin",
+    "calc",
+    "calc_long",
+    "instruction",
+    "arith_tool",
+    "arith_direct",
+    "arith_recover",
+]
+
+
 def tokenizer_corpus(n_problems: int = 3000, n_sft: int = 1500, seed: int = 0) -> list[str]:
     """Texts in the shape the model will see: rendered problems and SFT chats."""
     from rstar.data import sft, synth
@@ -40,14 +75,14 @@ def tokenizer_corpus(n_problems: int = 3000, n_sft: int = 1500, seed: int = 0) -
         texts += [
             render(style.messages(p["problem"]), tools=style.tools, add_generation_prompt=True)
             + f"<reason>\n</reason>\n<answer>\\boxed{{{p['answer']}}}</answer>"
-            for p in synth.generate(n_problems, seed=seed)
+            for p in synth.generate(n_problems, seed=seed, families=CORPUS_FAMILIES)
         ]
         texts += [
             render(
                 [{"role": "system", "content": style.system}] + json.loads(r["messages"]),
                 tools=style.tools,
             )
-            for r in sft.generate(n_sft, seed=seed)
+            for r in sft.generate(n_sft, seed=seed, tasks=CORPUS_SFT_TASKS)
         ]
     return texts
 
