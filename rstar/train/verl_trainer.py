@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import os
 import random
@@ -47,22 +46,20 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.ray_utils import auto_await
 
-from rstar.agent.verl_adapter import ROW_FIELD
 from rstar.algo.roc import RoCConfig, Rollout, keep_indices
 from rstar.data.io import write_table
 from rstar.logs import configure
 from rstar.train.metrics import namespaced, summarize_step
-from rstar.train.verl_trajectories import TOKEN_COLUMNS, trajectory_table
+from rstar.train.verl_trajectories import TOKEN_COLUMNS, agent_rows, trajectory_table
 
 log = logging.getLogger(__name__)
 
 
-def rollouts_of(batch: DataProto) -> list[Rollout]:
+def rollouts_of(batch: DataProto, rows: list[dict]) -> list[Rollout]:
     """The batch's rows as RoC reads them: prompt group `uid`, reward (`rm_scores` summed),
-    and the penalty counts of the trajectory row the agent loop handed on (ROW_FIELD)."""
+    and the penalty counts of the row the agent loop handed on (`rows`: its agent_rows)."""
     nt = batch.non_tensor_batch
     rewards = batch.batch["rm_scores"].sum(-1).tolist()
-    rows = [json.loads(s) for s in nt[ROW_FIELD]]
     return [
         Rollout(
             str(uid),
@@ -77,12 +74,12 @@ def rollouts_of(batch: DataProto) -> list[Rollout]:
 
 
 def roc_selection(
-    batch: DataProto, cfg: RoCConfig, rng: random.Random
+    batch: DataProto, rows: list[dict], cfg: RoCConfig, rng: random.Random
 ) -> tuple[list[int], dict[str, float]]:
-    """The indices of the rows of `batch` RoC keeps, and the mean penalties of the correct
-    rollouts it kept (what its weighting acts on; the step's other figures are
-    rstar.train.metrics', from the trajectory rows)."""
-    rollouts = rollouts_of(batch)
+    """The indices of the rows of `batch` RoC keeps (`rows`: its agent_rows), and the mean
+    penalties of the correct rollouts it kept (what its weighting acts on; the step's other
+    figures are rstar.train.metrics', from the trajectory rows)."""
+    rollouts = rollouts_of(batch, rows)
     kept_idx = sorted(keep_indices(rollouts, cfg, rng))
     if not kept_idx:
         raise ValueError(
@@ -110,13 +107,14 @@ class RoCTrainer(RayPPOTrainer):
     ):
         seed = int(self.config.rstar.get("seed", 0))
         stage, step = self.config.trainer.experiment_name, self.global_steps
+        agent = agent_rows(batch)
         kept, roc_metrics = roc_selection(
-            batch, roc_config(self.config), random.Random(f"{seed}/{step}/roc")
+            batch, agent, roc_config(self.config), random.Random(f"{seed}/{step}/roc")
         )
         # every rollout sampled, before RoC drops rows: the step's trajectory file and its
         # figures, computed and named as the local trainer's (rstar.train.metrics)
         start = time.perf_counter()
-        table = trajectory_table(batch, stage, step, set(kept))
+        table = trajectory_table(batch, agent, stage, step, set(kept))
         where = self.config.rstar.get("trajectories")
         if where:
             write_table(table, f"{where}/step={step:05d}.parquet", "trajectories")

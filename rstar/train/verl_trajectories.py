@@ -32,17 +32,24 @@ def ragged(values: torch.Tensor, valid: torch.Tensor) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values[valid.bool()].numpy()))
 
 
-def trajectory_table(batch, stage: str, step: int, kept: set[int]) -> pa.Table:
-    """`batch` (verl's DataProto after the rollouts, before RoC) as a trajectories table; `kept`:
-    the indices of the rows RoC keeps."""
+def agent_rows(batch) -> list[dict]:
+    """The row the agent loop handed on with each rollout of `batch` (ROW_FIELD), parsed: what
+    RoC counts and the trajectory table's non-token columns come from."""
+    return [json.loads(s) for s in batch.non_tensor_batch[ROW_FIELD]]
+
+
+def trajectory_table(batch, agent: list[dict], stage: str, step: int, kept: set[int]) -> pa.Table:
+    """`batch` (verl's DataProto after the rollouts, before RoC) as a trajectories table;
+    `agent`: its `agent_rows`; `kept`: the indices of the rows RoC keeps."""
     t, nt = batch.batch, batch.non_tensor_batch
     width = t["prompts"].shape[1]
     prompt_valid, response_valid = t["attention_mask"][:, :width], t["attention_mask"][:, width:]
-    rows = [json.loads(s) for s in nt[ROW_FIELD]]
+    rows = []
     seen: Counter[str] = Counter()
-    for row, uid in zip(rows, nt["uid"], strict=True):
-        row["group_id"] = f"{stage}/{step}/{row['problem_id']}"
-        row["sample_index"] = seen[uid]
+    for row, uid in zip(agent, nt["uid"], strict=True):
+        rows.append(
+            {**row, "group_id": f"{stage}/{step}/{row['problem_id']}", "sample_index": seen[uid]}
+        )
         seen[uid] += 1
     n = len(rows)
     log_probs = (

@@ -8,7 +8,7 @@ from verl import DataProto
 
 from rstar.agent.verl_adapter import ROW_FIELD
 from rstar.data.io import read_table, write_table
-from rstar.train.verl_trajectories import trajectory_table
+from rstar.train.verl_trajectories import agent_rows, trajectory_table
 
 
 def row(problem_id: str, text: str) -> str:
@@ -55,7 +55,7 @@ def test_rows_are_cut_from_verls_padded_tensors_with_roc_kept_marked(tmp_path):
             ROW_FIELD: np.array([row("p1", "a"), row("p1", "b"), row("p2", "c")], dtype=object),
         },
     )
-    table = trajectory_table(batch, "rl1", 3, kept={1, 2})
+    table = trajectory_table(batch, agent_rows(batch), "rl1", 3, kept={1, 2})
     path = write_table(table, str(tmp_path / "step=00003.parquet"), "trajectories")
     rows = read_table(path, "trajectories").to_pylist()
     assert [r["prompt_ids"] for r in rows] == [[11, 12], [21, 22, 23], [31]]
