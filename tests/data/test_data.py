@@ -196,9 +196,16 @@ def test_files_that_are_not_what_they_claim(tmp_path):
 
 
 def test_hub_loading_path_reports_a_clear_error_offline(tmp_path, monkeypatch):
-    # as on this machine: no hub; fail fast instead of retrying
+    # as on this machine: no hub; fail fast instead of retrying. Both libraries read the
+    # variables once, at import, which an earlier test of the session has done: set what they
+    # read too (without it the hub was asked, ~23 s of retries in the suite, not alone)
+    import datasets
+    import huggingface_hub
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(DataError, match="no-such-org/no-such-dataset-rstar: not a local file"):
         curate(
             [SourceSpec("no-such-org/no-such-dataset-rstar")],

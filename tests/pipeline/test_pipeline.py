@@ -378,7 +378,7 @@ def test_a_run_until_a_stage_stops_after_it(finished_local):
     got = state.result()
     assert list(got) == ["base", "problems", "sft", "rl1"]
     assert got["rl1"].model.version == outs["rl1"].model.version
-    assert set(_task_states(state.state_details.flow_run_id)) == set(got)
+    assert set(_task_states(state.state_details.flow_run_id, expect=got)) == set(got)
     report = pipeline_report(load_recipe(path), got)
     assert set(report) == {"metrics", "seconds", "recipe_seconds"}
     assert set(report["seconds"]) == set(got)
