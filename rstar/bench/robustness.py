@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import rstar
 from rstar.bench.report import publish
 from rstar.pipeline.config import load_recipe, seed_overrides
+from rstar.pipeline.verdict import failed_lines
 
 log = logging.getLogger(__name__)
 TARGETS = {"sft_max": 0.30, "final_min": 0.75, "gain_min": 0.40}
@@ -118,6 +119,11 @@ def table(results: list[tuple[Variant, dict]]) -> list[str]:
     return rows
 
 
+def failures(results: list[tuple[Variant, dict]]) -> list[str]:
+    """What a run's verdict did not show, per run (the table says only "verdict")."""
+    return [f"- {v.label}: {line}" for v, r in results for line in failed_lines(r["verdict"])]
+
+
 def run_robustness(
     config: str, out: str, seeds: int, rebuild_base: bool, root: str, rstar_command: list[str]
 ) -> str:
@@ -157,6 +163,7 @@ def run_robustness(
         "",
         *table(results),
         "",
+        *(["Verdict lines that did not hold:", "", *failures(results), ""] if not every else []),
         f"Targets for every run: SFT <= {TARGETS['sft_max']}, stage 3 >= {TARGETS['final_min']} "
         f"and at least +{TARGETS['gain_min']} over SFT, and the recipe's verdict (its `expect`, "
         "each stage on the questions it is for): "

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 
 from rstar.eval.metrics import overall_accuracy, paired_gain
 
+# how a judged line that failed begins (a line that held begins "ok:")
+NOT_LEARNT, NO_GAIN = "DID NOT LEARN", "NO GAIN SHOWN"
+
 
 @dataclass
 class Subset:
@@ -80,7 +83,7 @@ def verdict(
         if i == 0:
             ok = gain >= expect.first_stage_gain
             learnt &= ok
-            mark = "ok" if ok else "DID NOT LEARN"
+            mark = "ok" if ok else NOT_LEARNT
             line = f"{mark}: {line}, expected at least {expect.first_stage_gain:+.2f}"
         lines.append(line)
         if after in expect.stage_for:
@@ -93,7 +96,7 @@ def verdict(
     ok = final >= expect.final_gain
     learnt &= ok
     lines.append(
-        f"{'ok' if ok else 'DID NOT LEARN'}: the recipe, {names[0]} {acc[names[0]]:.3f} -> "
+        f"{'ok' if ok else NOT_LEARNT}: the recipe, {names[0]} {acc[names[0]]:.3f} -> "
         f"{names[-1]} {acc[names[-1]]:.3f} ({final:+.3f}), expected at least "
         f"{expect.final_gain:+.2f}"
     )
@@ -131,14 +134,14 @@ def _stage_for(
     if subset.hard:
         if halves is None:  # one sample a question: nothing left to score what it chose
             return False, (
-                f"NO GAIN SHOWN: {stage} on {subset.describe(before)}: needs eval.k >= 2 (half "
+                f"{NO_GAIN}: {stage} on {subset.describe(before)}: needs eval.k >= 2 (half "
                 "the samples choose the questions, the other half score them)"
             )
         choose, questions = halves
         ids = [i for i in ids if choose[before].get(i, 1.0) < 1.0]
     if len(ids) < 2 or questions is None:
         return False, (
-            f"NO GAIN SHOWN: {stage} on {subset.describe(before)}: {len(ids)} held-out questions "
+            f"{NO_GAIN}: {stage} on {subset.describe(before)}: {len(ids)} held-out questions "
             "match, too few to measure"
         )
     gain, low, high = paired_gain(
@@ -147,7 +150,12 @@ def _stage_for(
     a = sum(questions[before][i] for i in ids) / len(ids)
     ok = low > 0
     return ok, (
-        f"{'ok' if ok else 'NO GAIN SHOWN'}: {stage} on {subset.describe(before)} ({len(ids)} "
+        f"{'ok' if ok else NO_GAIN}: {stage} on {subset.describe(before)} ({len(ids)} "
         f"questions) {a:.3f} -> {a + gain:.3f} ({gain:+.3f}, 95% interval {low:+.3f} to "
         f"{high:+.3f}), expected above zero"
     )
+
+
+def failed_lines(verdict: list[str]) -> list[str]:
+    """The judged lines of a verdict that did not hold."""
+    return [line for line in verdict if line.startswith((NOT_LEARNT, NO_GAIN))]

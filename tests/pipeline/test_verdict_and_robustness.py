@@ -4,13 +4,14 @@ import pytest
 
 from rstar.bench.robustness import (
     Variant,
+    failures,
     meets,
     native_capability,
     table,
     variants,
 )
 from rstar.pipeline.config import load_recipe, seed_overrides
-from rstar.pipeline.verdict import Expect, Subset, verdict
+from rstar.pipeline.verdict import Expect, Subset, failed_lines, verdict
 
 
 def _summaries(**acc):
@@ -23,6 +24,7 @@ def test_a_recipe_that_learnt_is_said_to_have_learnt():
     assert lines[0].startswith("ok: rl1 held-out 0.200 -> 0.700 (+0.500)")
     assert lines[-1].startswith("ok: the recipe, sft 0.200 -> rl3 0.810 (+0.610)")
     assert not any("copy probes" in line for line in lines)
+    assert failed_lines(lines) == []
 
 
 @pytest.mark.parametrize(
@@ -46,6 +48,7 @@ def test_a_recipe_that_did_not_learn_is_told_plainly_with_the_copy_probes(acc, f
     learnt, lines = verdict(_summaries(**acc), Expect(0.10, 0.40), copying)
     assert learnt is False
     assert any(line.startswith("DID NOT LEARN") and failing in line for line in lines)
+    assert [failing in line for line in failed_lines(lines)] == [True]
     probes = next(line for line in lines if line.startswith("copy probes"))
     assert "base repeat 0.95" in probes and "sft into_call 0.95, read_back 0.15" in probes
     assert lines[-1].startswith("where to look")
@@ -202,7 +205,12 @@ def test_robustness_targets_hold_per_run_not_on_the_mean():
             "sft": {"copy_into_call": 0.95, "copy_read_back": 0.95},
         },
     }
-    bad = {**good, "accuracy": {"sft": 0.07, "rl1": 0.1, "rl2": 0.1, "rl3": 0.13}, "learnt": False}
+    bad = {
+        **good,
+        "accuracy": {"sft": 0.07, "rl1": 0.1, "rl2": 0.1, "rl3": 0.13},
+        "learnt": False,
+        "verdict": ["ok: rl1 held-out", "rl2 held-out", "NO GAIN SHOWN: rl3 on hard", "where"],
+    }
     assert all(meets(good).values())
     assert meets(bad) == {"sft": True, "final": False, "gain": False, "verdict": False}
     # a stage that showed no gain where it is meant to fails the run whatever the totals
@@ -210,3 +218,7 @@ def test_robustness_targets_hold_per_run_not_on_the_mean():
     rows = table([(Variant("seed 0"), good), (Variant("seed 1"), bad)])
     assert rows[2].endswith("| met |") and "| 0.800 |" in rows[2]
     assert rows[3].endswith("| NOT met: final, gain, verdict |") and "0.95 / 0.95" in rows[3]
+    # and which verdict line it was, by run
+    assert failures([(Variant("seed 0"), {**good, "verdict": []}), (Variant("seed 1"), bad)]) == [
+        "- seed 1: NO GAIN SHOWN: rl3 on hard"
+    ]
