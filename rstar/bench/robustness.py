@@ -142,6 +142,7 @@ def run_robustness(
         results.append((v, r))
         log.info("[robustness] %s: accuracy %s, targets %s", v.label, r["accuracy"], meets(r))
     every = all(all(meets(r).values()) for _, r in results)
+    failed = failures(results)
     base = (
         "pretrained in each run (its seed moved with the run's)"
         if rebuild_base
@@ -163,7 +164,7 @@ def run_robustness(
         "",
         *table(results),
         "",
-        *(["Verdict lines that did not hold:", "", *failures(results), ""] if not every else []),
+        *(["Verdict lines that did not hold:", "", *failed, ""] if failed else []),
         f"Targets for every run: SFT <= {TARGETS['sft_max']}, stage 3 >= {TARGETS['final_min']} "
         f"and at least +{TARGETS['gain_min']} over SFT, and the recipe's verdict (its `expect`, "
         "each stage on the questions it is for): "
