@@ -86,7 +86,7 @@ def test_missing_or_broken_recipe_file(tmp_path):
 
 def test_cache_keys_change_only_for_the_stages_a_change_touches():
     base = load_recipe(TINY)
-    changed = load_recipe(TINY, {"eval.k": 8, "rl.2.steps": 3})
+    changed = load_recipe(TINY, {"eval.k": 2, "rl.2.steps": 3})
     inputs = StageInputs(model=ModelRef("m", "abc"))
     for stage in ("base", "problems", "sft", "rl1", "rl2", "mine"):
         assert cache.key(base, stage, inputs) == cache.key(changed, stage, inputs)
