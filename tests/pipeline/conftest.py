@@ -181,6 +181,22 @@ def prefect_call(api: str, path: str, body: dict | None = None, tries: int = 6):
         time.sleep(2**attempt)
 
 
+def final_flow_run_state(api: str, run_id: str, timeout_s: float) -> dict:
+    """The flow run's state once it is final (Cancelled, Crashed, Failed, Completed: a custom
+    name such as "Did not learn" is one of them), through the REST API."""
+    deadline = time.monotonic() + timeout_s
+    while (state := prefect_call(api, f"/flow_runs/{run_id}")["state"])["type"] not in {
+        "CANCELLED",
+        "CRASHED",
+        "FAILED",
+        "COMPLETED",
+    }:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"flow run {run_id}: still {state['type']} after {timeout_s:.0f} s")
+        time.sleep(0.5)
+    return state
+
+
 @pytest.fixture
 def services(tmp_path):
     """Start processes in their own sessions (`<name>.log` in tmp_path); stop exactly those at

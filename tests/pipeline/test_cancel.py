@@ -6,8 +6,8 @@ runs KILLED, not FAILED."""
 import os
 import time
 
+from tests.pipeline.conftest import final_flow_run_state, prefect_services, write_recipe
 from tests.pipeline.conftest import prefect_call as _call
-from tests.pipeline.conftest import prefect_services, write_recipe
 
 
 def _until(what: str, check, timeout_s: float):
@@ -59,15 +59,7 @@ def test_cancel_mid_stage_ends_cancelled_and_killed(shipped_sft, services, tmp_p
     time.sleep(3)  # in the middle of its steps
 
     _call(api, f"/flow_runs/{run['id']}/set_state", {"state": {"type": "CANCELLING"}})
-    final = _until(
-        "a final flow-run state",
-        lambda: (
-            (s := _call(api, f"/flow_runs/{run['id']}")["state"])["type"]
-            in {"CANCELLED", "CRASHED", "FAILED", "COMPLETED"}
-            and s
-        ),
-        120,
-    )
+    final = final_flow_run_state(api, run["id"], 120)
     history = [s["type"] for s in _call(api, f"/flow_run_states/?flow_run_id={run['id']}")]
     assert final["type"] == "CANCELLED", history
     assert "CRASHED" not in history, history
