@@ -39,11 +39,14 @@ def ablation(
 ) -> dict[str, dict[int, list[dict]]]:
     """Stage 1 from the SFT checkpoint once per RoC mode and seed: {mode: {seed: per-step history}}.
     Seeds count up from the stage's; a seed fixes the prompts, the sampling and RoC's draws."""
+    from transformers.utils import logging as hf_logging
+
     from rstar.data.io import read_table
     from rstar.pipeline.layout import Layout
     from rstar.storage import dirs
     from rstar.train.rl import train_from
 
+    hf_logging.disable_progress_bar()  # a bar per checkpoint written: hundreds in the log
     layout = Layout(recipe.storage_root)
     problems = read_table(layout.dataset("train_problems"), "problems").to_pylist()
     path = dirs.pull(sft_model)
