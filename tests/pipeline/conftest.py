@@ -181,20 +181,26 @@ def prefect_call(api: str, path: str, body: dict | None = None, tries: int = 6):
         time.sleep(2**attempt)
 
 
-def final_flow_run_state(api: str, run_id: str, timeout_s: float) -> dict:
-    """The flow run's state once it is final (Cancelled, Crashed, Failed, Completed: a custom
-    name such as "Did not learn" is one of them), through the REST API."""
+def until(what: str, check, timeout_s: float):
+    """`check()`'s first truthy answer, polled; a TimeoutError naming `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while (state := prefect_call(api, f"/flow_runs/{run_id}")["state"])["type"] not in {
-        "CANCELLED",
-        "CRASHED",
-        "FAILED",
-        "COMPLETED",
-    }:
+    while not (found := check()):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"flow run {run_id}: still {state['type']} after {timeout_s:.0f} s")
+            raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
         time.sleep(0.5)
-    return state
+    return found
+
+
+def final_flow_run_state(api: str, run_id: str, timeout_s: float) -> dict:
+    """The flow run's state once it is final (Prefect's terminal types: a custom name such as
+    "Did not learn" has one of them), through the REST API."""
+    from prefect.client.schemas.objects import TERMINAL_STATES
+
+    def final():
+        state = prefect_call(api, f"/flow_runs/{run_id}")["state"]
+        return state if state["type"] in TERMINAL_STATES else None
+
+    return until(f"a final state of flow run {run_id}", final, timeout_s)
 
 
 @pytest.fixture

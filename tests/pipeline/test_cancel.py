@@ -6,17 +6,8 @@ runs KILLED, not FAILED."""
 import os
 import time
 
-from tests.pipeline.conftest import final_flow_run_state, prefect_services, write_recipe
+from tests.pipeline.conftest import final_flow_run_state, prefect_services, until, write_recipe
 from tests.pipeline.conftest import prefect_call as _call
-
-
-def _until(what: str, check, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while not (found := check()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
-        time.sleep(0.5)
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -50,9 +41,9 @@ def test_cancel_mid_stage_ends_cancelled_and_killed(shipped_sft, services, tmp_p
             None,
         )
 
-    rl1 = _until("rl1 running", rl1_running, 300)
+    rl1 = until("rl1 running", rl1_running, 300)
     worker = pid_file(load_recipe(path), "rl1")
-    _until("rl1's worker pid", lambda: os.path.exists(worker), 120)
+    until("rl1's worker pid", lambda: os.path.exists(worker), 120)
     with open(worker) as f:
         pid = int(f.read())
     assert _alive(pid)
@@ -65,7 +56,7 @@ def test_cancel_mid_stage_ends_cancelled_and_killed(shipped_sft, services, tmp_p
     assert "CRASHED" not in history, history
     task_state = _call(api, f"/task_runs/{rl1['id']}")["state"]
     assert task_state["type"] == "CANCELLED", task_state
-    _until("rl1's worker to stop", lambda: not _alive(pid), 60)
+    until("rl1's worker to stop", lambda: not _alive(pid), 60)
 
     c = ml.client(f"sqlite:///{tmp_path}/mlflow.db")
     experiment = c.get_experiment_by_name("rstar-tiny")
