@@ -166,10 +166,18 @@ def bench_recipe_command(
     out: str = typer.Option("docs/benchmarks.md"),
     png: str = typer.Option("docs/tiny_ablation.png", help="Where the ablation's curves go."),
     seeds: int = typer.Option(
-        3,
+        None,
         min=1,
-        help="Seeds of the RoC-vs-GRPO ablation (each runs "
-        "stage 1 twice), or with --robustness of the whole recipe.",
+        show_default=False,
+        help="Seeds of the RoC-vs-GRPO ablation (each runs stage 1 twice; default 5, the "
+        "fewest its test can call significant), or with --robustness of the whole recipe "
+        "(default 3).",
+    ),
+    ablation: str = typer.Option(
+        "configs/roc-ablation.yaml",
+        help="The RoC-vs-GRPO ablation's own recipe overrides (a YAML file of KEY: VALUE, "
+        "applied over --set): it trains its own SFT, then stage 1 per mode and seed. '' "
+        "ablates the recipe's own stage 1.",
     ),
     robustness: bool = typer.Option(
         False,
@@ -184,7 +192,7 @@ def bench_recipe_command(
     root: str = typer.Option("runs/robustness", help="With --robustness: storage of the runs."),
     ablation_only: bool = typer.Option(
         False,
-        help="Only the RoC-vs-GRPO ablation: the recipe up to SFT, then stage 1 per mode and "
+        help="Only the RoC-vs-GRPO ablation: its recipe up to SFT, then stage 1 per mode and "
         "seed; its table printed, docs/benchmarks.md left as it is (give --png elsewhere).",
     ),
     set_: list[str] = typer.Option(
@@ -196,27 +204,41 @@ def bench_recipe_command(
     if robustness:
         from rstar.bench.robustness import run_robustness
 
-        run_robustness(config, out, seeds, rebuild_base, root, RSTAR)
+        run_robustness(config, out, seeds or 3, rebuild_base, root, RSTAR)
         return
     import time
 
     from flows.pipeline import pipeline
-    from rstar.bench.recipe import run_ablation, write_real_model_benchmark, write_recipe_benchmark
+    from rstar.bench.recipe import (
+        ablation_recipe,
+        run_ablation,
+        write_real_model_benchmark,
+        write_recipe_benchmark,
+    )
     from rstar.pipeline.config import load_recipe
 
     values = overrides(set_)
     recipe = load_recipe(config, values)
+    if ablation_only or recipe.base.build_tiny:  # a real base has no tiny-scale ablation
+        ablated, ablated_values = ablation_recipe(config, ablation, values)
+    what = f"`{ablation}`'s overrides" if ablation else "the recipe's own stage 1"
+
+    def run_the_ablation(sft_outs):
+        return run_ablation(ablated, sft_outs["sft"].model.uri, seeds or 5, png, what)
+
     start = time.monotonic()
     if ablation_only:
-        outs = pipeline(config, values, until="sft")
-        table, met = run_ablation(recipe, outs["sft"].model.uri, seeds, png)
-        typer.echo("\n".join([*table, f"target {'met' if met else 'NOT met'}; curves: {png}"]))
+        result = run_the_ablation(pipeline(config, ablated_values, until="sft"))
+        verdict = f"target {'met' if result.met else 'NOT met'}; curves: {png}"
+        typer.echo("\n".join([*result.table, verdict]))
         return
     outs = pipeline(config, values)
+    wall = time.monotonic() - start
     if recipe.base.build_tiny:
-        write_recipe_benchmark(config, outs, time.monotonic() - start, out, png, seeds, values)
+        sft = pipeline(config, ablated_values, until="sft") if ablation else outs
+        write_recipe_benchmark(config, outs, wall, run_the_ablation(sft), out, values)
     else:  # a real base: no tiny-scale ablation, figures per benchmark
-        write_real_model_benchmark(config, outs, time.monotonic() - start, out, values)
+        write_real_model_benchmark(config, outs, wall, out, values)
 
 
 def main() -> None:

@@ -7,7 +7,9 @@ recipe on a real base model's in `write_real_model_benchmark`).
 2. The held-out accuracy of the SFT checkpoint and of every RL stage.
 3. The paper's ablation in miniature: RL stage 1 twice from the same SFT checkpoint, same
    seeds and steps, with RoC and with plain GRPO; the tool-error rate inside the correct
-   trajectories sampled (what the policy does) per step, both curves in one PNG.
+   trajectories sampled (what the policy does) per step, both curves in one PNG. It runs
+   under overrides of its own (configs/roc-ablation.yaml: an SFT mix with repairs and room
+   for them, where slips are common), or on the recipe's own stage 1.
 """
 
 from __future__ import annotations
@@ -19,19 +21,56 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import rstar
 from rstar.bench.report import publish
 from rstar.bench.robustness import native_capability
 from rstar.eval.metrics import overall_accuracy
-from rstar.pipeline.config import load_recipe
+from rstar.pipeline.config import ConfigError, load_recipe
 from rstar.pipeline.records import StageOutput
 from rstar.pipeline.report import stage_seconds
 from rstar.pipeline.stage_table import stage_names, trained_stages
 from rstar.storage import atomic_write_text
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AblationResult:
+    """What `run_ablation` measured: the setting it ran (`what`), its table's rows, whether RoC
+    was lower with p < 0.05."""
+
+    what: str
+    steps: int
+    seeds: int
+    window: int
+    png: str
+    table: list[str]
+    met: bool
+
+
+def ablation_recipe(config: str, path: str, values: dict):
+    """(the recipe the ablation runs, its overrides): the recipe in `config` with `values` (the
+    command's --set) and, over them, the overrides in the YAML file at `path` (KEY: VALUE, keys
+    as --set takes them); `values` alone when `path` is empty. Checked before any work starts:
+    an error names the file and the key."""
+    import yaml
+
+    if not path:
+        return load_recipe(config, values), dict(values)
+    try:
+        with open(path) as f:
+            extra = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read the ablation's overrides ({e})") from None
+    if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
+        raise ConfigError(f"{path}: expected a mapping of recipe keys to values (KEY: VALUE)")
+    merged = {**values, **extra}
+    try:
+        return load_recipe(config, merged), merged
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def ablation(
@@ -78,15 +117,17 @@ def ablation(
     return out
 
 
-def run_ablation(recipe, sft_model: str, seeds: int, png: str) -> tuple[list[str], bool]:
+def run_ablation(recipe, sft_model: str, seeds: int, png: str, what: str) -> AblationResult:
     """`ablation` compared over the end of the stage: its curves at `png`, the per-step
-    histories beside them (.json, to re-plot or re-read); (the table's rows, target met)."""
+    histories beside them (.json, to re-plot or re-read)."""
     histories = ablation(recipe, sft_model, seeds)
     atomic_write_text(
         os.path.splitext(png)[0] + ".json", json.dumps(histories, indent=1, default=str)
     )
     plot_ablation(histories, png)
-    return ablation_table(histories, end_window(recipe.rl[0].steps))
+    steps = recipe.rl[0].steps
+    table, met = ablation_table(histories, end_window(steps))
+    return AblationResult(what, steps, seeds, end_window(steps), png, table, met)
 
 
 def end_window(steps: int) -> int:
@@ -220,22 +261,19 @@ def write_recipe_benchmark(
     config: str,
     outs: dict[str, StageOutput],
     wall: float,
+    ablation: AblationResult,
     out: str = "docs/benchmarks.md",
-    png: str = "docs/tiny_ablation.png",
-    seeds: int = 3,
     values: dict | None = None,
 ) -> str:
     """The section for one finished run of the recipe in `config` with overrides `values`
-    (`outs`: the pipeline's outputs, `wall`: how long the run that returned them took), with
-    the ablation run here."""
+    (`outs`: the pipeline's outputs, `wall`: how long the run that returned them took) and the
+    RoC ablation beside it."""
     from rstar.machine import cpu_model
 
     recipe = load_recipe(config, values)
     seconds = stage_seconds(recipe, outs)
     summaries = outs["evaluate"].evaluation.summaries
     acc = {name: overall_accuracy(s) for name, s in summaries.items()}
-    window = end_window(recipe.rl[0].steps)
-    table, met = run_ablation(recipe, outs["sft"].model.uri, seeds, png)
 
     recipe_s = sum(seconds.get(s, 0.0) for s in trained_stages(recipe))
     lines = [
@@ -265,15 +303,16 @@ def write_recipe_benchmark(
         f"0.80 ({'met' if acc[recipe.rl[-1].name] >= 0.80 else 'NOT met'}) and +0.40 over SFT "
         f"({'met' if acc[recipe.rl[-1].name] - acc['sft'] >= 0.40 else 'NOT met'}).",
         "",
-        f"Ablation, RL stage 1 from the same SFT checkpoint, {recipe.rl[0].steps} steps, both "
-        f"modes with the same {seeds} seeds (prompts, sampling and RoC draws), compared over the "
-        f"last {window} steps (![curves]({os.path.basename(png)})):",
+        f"Ablation on {ablation.what}: RL stage 1 from one SFT checkpoint, {ablation.steps} "
+        f"steps, both modes with the same {ablation.seeds} seeds (prompts, sampling and RoC "
+        f"draws), compared over the last {ablation.window} steps "
+        f"(![curves]({os.path.basename(ablation.png)})):",
         "",
-        *table,
+        *ablation.table,
         "",
         "Target: RoC below GRPO in the correct trajectories sampled, p < 0.05 over at least 5 "
-        f"seeds ({'met' if met else 'NOT met'}; the kept ones are lower under RoC by selection "
-        "alone).",
+        f"seeds ({'met' if ablation.met else 'NOT met'}; the kept ones are lower under RoC by "
+        "selection alone).",
     ]
     return publish(out, "tiny-recipe", lines)
 

@@ -143,28 +143,22 @@ def test_the_real_model_section_reports_gains_with_their_intervals(tmp_path):
     assert (tmp_path / "b.md").read_text().count("## Real model: smollm2") == 1
 
 
-def test_ablation_only_runs_the_recipe_to_sft_and_the_ablation_on_its_overrides(
-    tmp_path, monkeypatch
-):
-    """`rstar bench-recipe --ablation-only --set ...`: the pipeline up to SFT and the ablation
-    both see the overrides (the full benchmark used to load the recipe file without them for
-    its ablation); the table is printed and docs/benchmarks.md is not written."""
+def _fake_bench(monkeypatch):
+    """The pipeline and the ablation's training replaced by recorders: what each was asked."""
     from types import SimpleNamespace
-
-    from typer.testing import CliRunner
 
     import flows.pipeline
     import rstar.bench.recipe as bench
-    from flows.cli import app
 
-    seen = {}
+    seen = {"pipeline": []}
 
     def pipeline(config, values, until=None):
-        seen["pipeline"] = (config, values, until)
-        return {"sft": SimpleNamespace(model=SimpleNamespace(uri="sft-model"))}
+        seen["pipeline"].append((config, values, until))
+        return {"sft": SimpleNamespace(model=SimpleNamespace(uri=f"sft-of-{until}"))}
 
     def ablation(recipe, sft_model, seeds):
         seen["ablation"] = (recipe.rl[0].steps, recipe.rl[0].sampling.max_response_tokens)
+        seen["ablation_sft"], seen["seeds"] = sft_model, seeds
         return {
             m: {s: [_step(i, 10, e) for i in (1, 2, 3)] for s in range(seeds)}
             for m, e in (("roc", 0), ("grpo", 1))
@@ -172,20 +166,83 @@ def test_ablation_only_runs_the_recipe_to_sft_and_the_ablation_on_its_overrides(
 
     monkeypatch.setattr(flows.pipeline, "pipeline", pipeline)
     monkeypatch.setattr(bench, "ablation", ablation)
-    out = tmp_path / "benchmarks.md"
-    png = tmp_path / "abl.png"
-    args = ["bench-recipe", "--ablation-only", "--seeds", "5", "--out", str(out)]
-    args += [
-        "--png",
-        str(png),
-        "--set",
-        "rl1.steps=3",
-        "--set",
-        "rl1.sampling.max_response_tokens=90",
-    ]
-    result = CliRunner().invoke(app, args)
+    return seen
+
+
+def _bench_recipe(*args):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    return CliRunner().invoke(app, ["bench-recipe", *args])
+
+
+def test_ablation_only_runs_its_recipe_to_sft_and_the_ablation_on_its_overrides(
+    tmp_path, monkeypatch
+):
+    """`rstar bench-recipe --ablation-only`: the pipeline up to SFT and the ablation both see
+    the ablation's overrides file over the command's --set values (the full benchmark used to
+    load the recipe file without them); the table is printed, docs/benchmarks.md not written."""
+    seen = _fake_bench(monkeypatch)
+    overrides = tmp_path / "abl.yaml"
+    overrides.write_text("rl1.steps: 3\nstorage_root: " + str(tmp_path / "abl-root") + "\n")
+    out, png = tmp_path / "benchmarks.md", tmp_path / "abl.png"
+    result = _bench_recipe(
+        "--ablation-only", "--ablation", str(overrides), "--out", str(out), "--png", str(png),
+        "--set", "rl1.steps=7", "--set", "rl1.sampling.max_response_tokens=90",
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert seen["pipeline"][2] == "sft" and seen["pipeline"][1]["rl1.steps"] == 3
-    assert seen["ablation"] == (3, 90)
+    [(_, values, until)] = seen["pipeline"]
+    assert until == "sft" and values["rl1.steps"] == 3  # the file's, over --set's
+    assert values["storage_root"] == str(tmp_path / "abl-root")
+    assert seen["ablation"] == (3, 90) and seen["seeds"] == 5  # five seeds unless told
     assert "| roc | 0.000 |" in result.output and "target met" in result.output
     assert png.exists() and (tmp_path / "abl.json").exists() and not out.exists()
+
+
+def test_the_recipe_benchmark_ablates_on_an_sft_of_its_own(tmp_path, monkeypatch):
+    """The whole benchmark: the recipe as given, then the ablation's recipe up to SFT, whose
+    checkpoint the ablation starts from; the section says which setting it ablated."""
+    import rstar.bench.recipe as bench
+
+    seen = _fake_bench(monkeypatch)
+    written = {}
+    monkeypatch.setattr(
+        bench,
+        "write_recipe_benchmark",
+        lambda config, outs, wall, ablation, out, values: written.update(a=ablation, v=values),
+    )
+    root = str(tmp_path / "root")
+    result = _bench_recipe("--png", str(tmp_path / "abl.png"), "--set", f"storage_root={root}")
+    assert result.exit_code == 0, result.output
+    (_, recipe_values, until), (_, ablation_values, sft_only) = seen["pipeline"]
+    assert until is None and recipe_values == written["v"] == {"storage_root": root}
+    assert sft_only == "sft" and ablation_values["storage_root"] == "runs/roc-ablation"
+    assert seen["ablation_sft"] == "sft-of-sft" and seen["ablation"] == (48, 256)
+    assert written["a"].what == "`configs/roc-ablation.yaml`'s overrides" and written["a"].met
+    # '' ablates the recipe's own stage 1 on the recipe's own SFT
+    seen["pipeline"].clear()
+    result = _bench_recipe("--png", str(tmp_path / "abl.png"), "--ablation", "")
+    assert result.exit_code == 0, result.output
+    assert [until for *_, until in seen["pipeline"]] == [None]
+    assert seen["ablation_sft"] == "sft-of-None" and seen["ablation"][0] == 40
+    assert written["a"].what == "the recipe's own stage 1"
+
+
+def test_bad_ablation_overrides_are_refused_naming_the_file_and_key(tmp_path):
+    import pytest
+
+    from rstar.bench.recipe import ablation_recipe
+    from rstar.pipeline.config import ConfigError
+
+    bad = tmp_path / "bad.yaml"
+    for text, said in [
+        ("rl1.stepz: 3\n", "stepz: unknown key"),
+        ("- rl1.steps\n", "expected a mapping"),
+        ("rl1.steps: [\n", "cannot read"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=rf"^{bad}: .*{said}"):
+            ablation_recipe("configs/tiny.yaml", str(bad), {})
+    with pytest.raises(ConfigError, match="missing.yaml: cannot read"):
+        ablation_recipe("configs/tiny.yaml", str(tmp_path / "missing.yaml"), {})
