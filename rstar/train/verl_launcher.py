@@ -217,7 +217,11 @@ def cpu_overrides(processes: int, model: str, max_model_len: int) -> list[str]:
         f"+{actor}.fsdp_config.mixed_precision={FP32}",
         f"{actor}.use_torch_compile=false",
         f"{actor}.fsdp_config.use_torch_compile=false",
+        # one agent-loop and one reward-loop worker: each is a process importing verl and vLLM
+        # (about 9 CPU-seconds); verl's default of 8 reward workers cost a 2-core machine half a
+        # minute per run, and the answer check they run is cheap
         f"{rollout}.agent.num_workers=1",
+        "reward.num_workers=1",
         "data.dataloader_num_workers=0",
         # Ray's CPU count is logical here: verl's task runner, each training process's bundle
         # (3 CPUs by verl's default colocation count) and the replica servers must all fit
