@@ -165,7 +165,7 @@ def bench_recipe_command(
     config: str = typer.Option("configs/tiny.yaml"),
     out: str = typer.Option("docs/benchmarks.md"),
     png: str = typer.Option("docs/tiny_ablation.png", help="Where the ablation's curves go."),
-    seeds: int = typer.Option(
+    seeds: int | None = typer.Option(
         None,
         min=1,
         show_default=False,
