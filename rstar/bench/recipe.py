@@ -44,10 +44,14 @@ class AblationResult:
     what: str
     steps: int
     seeds: int
-    window: int
     png: str
     table: list[str]
     met: bool
+
+    @property
+    def window(self) -> int:
+        """The final steps compared (`end_window`)."""
+        return end_window(self.steps)
 
 
 def ablation_recipe(config: str, path: str, values: dict):
@@ -127,7 +131,7 @@ def run_ablation(recipe, sft_model: str, seeds: int, png: str, what: str) -> Abl
     plot_ablation(histories, png)
     steps = recipe.rl[0].steps
     table, met = ablation_table(histories, end_window(steps))
-    return AblationResult(what, steps, seeds, end_window(steps), png, table, met)
+    return AblationResult(what, steps, seeds, png, table, met)
 
 
 def end_window(steps: int) -> int:
