@@ -1,4 +1,5 @@
-"""verl's checkpoint load, mended: after a load the optimizer runs at its scheduler's rate.
+"""verl's checkpoint load, mended: it reads a checkpoint written on another sharding, and after
+a load the optimizer runs at its scheduler's rate.
 
 Loaded in every verl process through `VERL_USE_EXTERNAL_MODULES` (`verl_launcher.verl_env`).
 verl 0.9.1's `FSDPCheckpointManager.load_checkpoint` restores the optimizer's state dict and
@@ -8,11 +9,18 @@ the previous stage's optimizer over (`rstar.optimizer_from`, with a scheduler of
 `verl_trainer.optimizer_only`) thus made its first update at the previous stage's last rate,
 not at its own warm-up's first (#45 point 6). After every load each group takes the
 scheduler's current rate; when a stage resumes its own checkpoint the two are already equal.
+
+verl loads each rank's file as that rank wrote it, so a checkpoint written on another mesh
+(the 14B plan shards rl1 within a node and rl2, which carries rl1's optimizer, over two) or
+world size cannot be loaded; such a checkpoint is resharded as it is read (rstar.train.
+verl_reshard).
 """
 
 from __future__ import annotations
 
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+from rstar.train.verl_reshard import layout_differs, load_resharded
 
 
 def rates_from_scheduler(optimizer, scheduler) -> None:
@@ -24,8 +32,11 @@ def rates_from_scheduler(optimizer, scheduler) -> None:
 _verl_load = FSDPCheckpointManager.load_checkpoint
 
 
-def _load_checkpoint(self, *args, **kwargs):
-    _verl_load(self, *args, **kwargs)
+def _load_checkpoint(self, local_path, *args, **kwargs):
+    if local_path is not None and layout_differs(self, local_path):
+        load_resharded(self, local_path)
+    else:
+        _verl_load(self, local_path, *args, **kwargs)
     if self.optimizer is not None and self.lr_scheduler is not None:
         rates_from_scheduler(self.optimizer, self.lr_scheduler)
 
