@@ -3,17 +3,18 @@
 The plan (rstar.train.gpu_sizing) estimates a micro-batch's memory from Qwen3-14B's shape; this
 probe measures it. It builds Qwen3-14B's layers from its published config (random bf16 weights,
 one layer then two, so the difference is one layer's share), runs forward and backward with
-gradient checkpointing on the plan's largest micro-batch of each RL stage, padded as verl pads
-it (rows x the longest row, PyTorch's attention) and packed as padding removal would run it,
+gradient checkpointing on the plan's worst micro-batch of each RL stage, padded as verl pads it
+(its rows, each at the stage's full length, PyTorch's attention) and packed as padding removal
+would run it,
 and extrapolates to 40 layers beside the sharded training state and the reserve:
 
     python -m rstar.bench.gpu_probe            # on a GPU: the table, in a few minutes
     python -m rstar.bench.gpu_probe --small    # anywhere: a small shape, proves the script
 
-It needs only torch and transformers (the lent device has no vLLM, verl or Ray), so the
-micro-batch shapes verl's partitioner makes are computed here and kept in `CASES` (a test keeps
-them equal to the plan's). What it cannot show: FSDP's gathers and NCCL buffers, vLLM beside the
-actor, or the allocator over hours; docs/cluster.md says so.
+It needs only torch and transformers (the lent device has no vLLM, verl or Ray), so the plan's
+micro-batch shapes are kept in `CASES` (a test keeps them equal to the plan's). What it cannot
+show: FSDP's gathers and NCCL buffers, vLLM beside the actor, or the allocator over hours;
+docs/cluster.md says so.
 """
 
 from __future__ import annotations
@@ -56,15 +57,14 @@ SMALL = {
 @dataclass(frozen=True)
 class Case:
     stage: str
-    budget: int  # real tokens a micro-batch (ppo_max_token_len_per_gpu)
-    rows: int  # the plan's largest padded micro-batch: rows x longest
-    longest: int
+    rows: int  # the plan's rollouts a micro-batch (ppo_micro_batch_size_per_gpu)
+    longest: int  # each padded to the stage's prompt + response at worst
     fsdp_size: int  # GPUs the state is sharded over
 
 
 # The plan's (rstar pipeline plan --config configs/qwen3-14b.yaml, 64 x 80 GB GPUs)
-CASES = [Case("rl1", 10_240, 3, 5_088, 8), Case("rl2, rl3", 14_336, 3, 7_376, 16)]
-SMALL_CASES = [Case("small", 96, 3, 64, 8)]
+CASES = [Case("rl1", 1, 10_240, 8), Case("rl2, rl3", 1, 14_336, 8)]
+SMALL_CASES = [Case("small", 3, 64, 8)]
 
 
 def attention_impls(device: str) -> list[str]:

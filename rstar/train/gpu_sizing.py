@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 from dataclasses import dataclass
-from functools import lru_cache
 
 GB = 1e9
 RESERVE_GB = 6.0  # per GPU: CUDA context, NCCL buffers, allocator fragmentation
@@ -25,10 +23,6 @@ ATTENTION = (
     "flash_attention_2 and padding removal need flash-attn, which the GPU lock has no wheel "
     "of; micro-batches are sized padded (below)"
 )
-# The rollout lengths micro-batches are sized for (an assumption, until a GPU run measures
-# them): TRUNCATED of the rollouts cut at the response budget, the others log-normal with median
-# MEDIAN x the budget (sigma 0.5), after a prompt of PROMPT x the prompt budget; SAMPLES batches.
-TRUNCATED, MEDIAN, PROMPT, SAMPLES = 0.15, 0.4, 0.25, 4
 
 
 @dataclass(frozen=True)
@@ -81,11 +75,9 @@ class GPUSettings:
     memory_utilization: float  # vLLM's share of the GPU during rollouts
     tensor_parallel: int
     kv_tokens_per_replica: int
-    micro_batch_tokens: int  # ppo_max_token_len_per_gpu: real tokens
-    padded_tokens: int  # the largest micro-batch verl makes of them, padded (rows x longest)
-    padded_shape: tuple[int, int]  # that micro-batch's (rows, longest row)
+    micro_batch_rows: int  # ppo_micro_batch_size_per_gpu: rollouts a micro-batch, fixed
     rows_per_gpu: int
-    micro_batch_gb: float
+    room_gb: float  # what a micro-batch may take beside the state
     agent_workers: int
     checkpoint_gb: float
     shape: ModelShape
@@ -93,6 +85,16 @@ class GPUSettings:
     @property
     def replicas(self) -> int:
         return self.gpus // self.tensor_parallel
+
+    @property
+    def padded_tokens(self) -> int:
+        """The most tokens a micro-batch can hold, whatever the rollouts' lengths: its rows,
+        each padded to the longest, which is at most prompt + response."""
+        return self.micro_batch_rows * self.sequence
+
+    @property
+    def micro_batch_gb(self) -> float:
+        return micro_batch_gb(self.shape, self.padded_tokens)
 
     def overrides(self) -> list[str]:
         """verl overrides beyond the micro-batch size (which verl_overrides sets)."""
@@ -107,8 +109,6 @@ class GPUSettings:
             f"{actor}.fsdp_config.fsdp_size={self.fsdp_size}",
             f"{actor}.fsdp_config.param_offload=true",
             f"{actor}.fsdp_config.optimizer_offload=true",
-            # entropy over the vocabulary in chunks: no second full fp32 logits tensor
-            f"{actor}.entropy_from_logits_with_chunking=true",
             "actor_rollout_ref.model.enable_gradient_checkpointing=true",
         ]
 
@@ -147,14 +147,15 @@ class GPUSettings:
             f"{self.kv_tokens_per_replica:,} tokens per replica = "
             f"{self.kv_tokens_per_replica // self.sequence} rollouts of {self.sequence:,} tokens "
             f"(the smallest degree holding {MIN_ROLLOUTS_PER_REPLICA}); {self.replicas} replicas",
-            f"training micro-batch: {self.micro_batch_tokens:,} real tokens per GPU (whole "
-            f"sequences); verl's partitioner packs {self.rows_per_gpu} rollouts a GPU into "
-            f"micro-batches within it and PyTorch's attention pads each row to the longest in "
-            f"its micro-batch: at most {self.padded_tokens:,} tokens over {SAMPLES} batches of "
-            f"assumed lengths ({TRUNCATED:.0%} cut at the budget, the rest log-normal, median "
-            f"{MEDIAN:.0%} of it), about {self.micro_batch_gb:.0f} GB (checkpointed "
-            f"activations, bf16 logits and their fp32 log-softmax) beside the "
-            f"{self.train_state_gb:.1f} GB state, back on the GPU while it trains",
+            f"training micro-batch: {self.micro_batch_rows} rollout(s), fixed "
+            f"(ppo_micro_batch_size_per_gpu; verl's token-budget batching would pack any number "
+            f"of short rollouts beside a long one, each padded to it), padded to the longest: "
+            f"at most {self.micro_batch_rows} x {self.sequence:,} = {self.padded_tokens:,} "
+            f"tokens whatever the lengths, {self.micro_batch_gb:.1f} GB (checkpointed "
+            f"activations, bf16 logits and their fp32 log-softmax) <= {self.room_gb:.1f} GB = "
+            f"0.8 x ({gb:g} - {self.train_state_gb:.1f} state - {RESERVE_GB:g} reserve), the "
+            f"state back on the GPU while it trains; {self.rows_per_gpu} rollouts a GPU an "
+            f"update: {math.ceil(self.rows_per_gpu / self.micro_batch_rows)} micro-batches",
             f"agent-loop workers: {self.agent_workers} (one per GPU)",
             f"checkpoint: {self.checkpoint_gb:.0f} GB (fp32 weights and AdamW's two moments)",
         ]
@@ -174,37 +175,6 @@ def micro_batch_gb(shape: ModelShape, tokens: int) -> float:
     in bf16 and the fp32 log-softmax with its gradient."""
     per_token = shape.layers * shape.hidden * 2 + 34 * shape.hidden + shape.vocab * (2 + 4 + 4)
     return tokens * per_token / GB
-
-
-def rollout_lengths(prompt: int, response: int, rows: int, seed: int) -> tuple[int, ...]:
-    """A step's rollout lengths on one GPU as the sizing assumes them (TRUNCATED, MEDIAN,
-    PROMPT)."""
-    rng, median = random.Random(seed), math.log(MEDIAN * response)
-    return tuple(
-        int(PROMPT * prompt)
-        + (
-            response
-            if rng.random() < TRUNCATED
-            else min(response, int(rng.lognormvariate(median, 0.5)))
-        )
-        for _ in range(rows)
-    )
-
-
-@lru_cache(maxsize=256)
-def largest_micro_batch(lengths: tuple[int, ...], budget: int) -> tuple[int, int]:
-    """The micro-batch of most padded tokens that verl makes of `lengths` at `budget` real tokens
-    a micro-batch (its own partitioner), as its padded path runs it: (rows, longest row)."""
-    import torch
-    from tensordict import TensorDict
-    from verl.utils.seqlen_balancing import rearrange_micro_batches
-
-    ids = torch.nested.nested_tensor(
-        [torch.zeros(n, dtype=torch.long) for n in lengths], layout=torch.jagged
-    )
-    batch = TensorDict({"input_ids": ids}, batch_size=[len(lengths)])
-    _, parts = rearrange_micro_batches(batch, max_token_len=budget)
-    return max(((len(p), max(lengths[i] for i in p)) for p in parts), key=lambda rl: rl[0] * rl[1])
 
 
 def sharding(
@@ -240,29 +210,21 @@ def size(
     per_node: int = 8,
 ) -> GPUSettings:
     """Settings for a stage of rollouts of `prompt` + `response` tokens on `gpus` GPUs of
-    `gpu_gb` each, `per_node` to a node, `rows` rollouts an update trains on. The training state
-    is sharded over a node's GPUs and replicated across nodes (HSDP): full sharding would move
-    the weights between nodes for every micro-batch (`lines` has the arithmetic). It is sharded
-    over more nodes only where a node's share leaves no room for the largest padded micro-batch
-    (PyTorch's attention pads every row to the longest in its micro-batch). A node's share is
-    larger than a 64th, so it goes to the CPU while vLLM rolls out (verl's parameter and optimizer
-    offload), and vLLM's share is what the reserve leaves."""
+    `gpu_gb` each, `per_node` to a node, `rows` rollouts an update trains on. Micro-batches hold
+    a fixed number of rollouts, each padded to the longest of them (PyTorch's attention): at
+    most rows x (prompt + response) tokens, whatever the lengths, so memory is bounded by
+    construction; as many rows as fit, in powers of two that divide a GPU's rollouts. The
+    training state is sharded over a node's GPUs and replicated across nodes (HSDP): full
+    sharding would move the weights between nodes for every micro-batch (`lines` has the
+    arithmetic). It is sharded over more nodes only where a node's share leaves no room for one
+    full-length rollout. A node's share is larger than a 64th, so it goes to the CPU while vLLM
+    rolls out (verl's parameter and optimizer offload), and vLLM's share is what the reserve
+    leaves."""
     sequence = prompt + response
     rows_per_gpu = max(1, rows // gpus)
-    batches = [rollout_lengths(prompt, response, rows_per_gpu, seed) for seed in range(SAMPLES)]
-
-    def shape_at(budget: int) -> tuple[int, int]:
-        return max(
-            (largest_micro_batch(lengths, budget) for lengths in batches),
-            key=lambda rl: rl[0] * rl[1],
-        )
-
-    def padded(budget: int) -> int:
-        return math.prod(shape_at(budget))
-
     # verl's sleep mode (on by default on GPUs) takes vLLM's weights and KV cache off the GPU
     # while the actor trains
-    fsdp_size, state, room = sharding(shape, gpu_gb, gpus, per_node, padded(sequence))
+    fsdp_size, state, room = sharding(shape, gpu_gb, gpus, per_node, sequence)
     utilization = math.floor(100 * min(0.9, 1 - RESERVE_GB / gpu_gb)) / 100
     tp, kv_tokens = 1, 0
     while True:
@@ -271,12 +233,12 @@ def size(
         if kv_tokens >= MIN_ROLLOUTS_PER_REPLICA * sequence or tp >= min(8, gpus):
             break
         tp *= 2
-    tokens = sequence  # whole sequences, as many as fit padded (a GPU's rows at most)
+    micro_rows = 1
     while (
-        tokens < rows_per_gpu * sequence
-        and micro_batch_gb(shape, padded(tokens + sequence)) <= room
+        rows_per_gpu % (2 * micro_rows) == 0
+        and micro_batch_gb(shape, 2 * micro_rows * sequence) <= room
     ):
-        tokens += sequence
+        micro_rows *= 2
     return GPUSettings(
         gpu_gb=gpu_gb,
         gpus=gpus,
@@ -287,11 +249,9 @@ def size(
         memory_utilization=utilization,
         tensor_parallel=tp,
         kv_tokens_per_replica=kv_tokens,
-        micro_batch_tokens=tokens,
-        padded_tokens=padded(tokens),
-        padded_shape=shape_at(tokens),
+        micro_batch_rows=micro_rows,
         rows_per_gpu=rows_per_gpu,
-        micro_batch_gb=micro_batch_gb(shape, padded(tokens)),
+        room_gb=room,
         agent_workers=gpus,
         checkpoint_gb=12 * shape.params / GB,
         shape=shape,

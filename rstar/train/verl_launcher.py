@@ -76,8 +76,8 @@ def verl_overrides(
 ) -> list[str]:
     """Hydra overrides for verl's main_ppo that reproduce `cfg` (paper defaults otherwise).
 
-    Micro-batches are sized by tokens (dynamic batch size: a GPU's batch holds up to two full
-    sequences' worth), so no per-GPU micro-batch count needs guessing for 8K-12K responses.
+    Micro-batches hold a fixed number of rollouts (on GPUs as many as fit padded, sized by
+    rstar.train.gpu_sizing; on the CPU one), so their memory is bounded whatever the lengths.
     Validation runs on `val_files` (the held-out set) after the last step only; without it,
     never. Metrics go to the console and to MLflow (the run named by MLFLOW_RUN_ID, the
     stage's own, when the launcher sets it). `router_config`: the KV-balanced load balancer's
@@ -94,12 +94,8 @@ def verl_overrides(
     reward_file = os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "agent", "verl_adapter.py"
     )
-    # micro-batches by tokens: on GPUs sized to memory, else two whole sequences
-    tokens_per_gpu = (
-        gpu.micro_batch_tokens
-        if gpu
-        else 2 * (max_prompt_length + cfg.sampling.max_response_tokens)
-    )
+    # rollouts a micro-batch, fixed: on GPUs as many as fit padded, on the CPU one
+    micro_rows = gpu.micro_batch_rows if gpu else 1
     return [
         "trainer.use_v1=false",
         "trainer.balance_batch=true",  # RoC runs inside _balance_batch (rstar.train.verl_trainer)
@@ -122,10 +118,12 @@ def verl_overrides(
         "actor_rollout_ref.actor.loss_agg_mode=token-mean",
         "actor_rollout_ref.actor.use_kl_loss=false",
         "actor_rollout_ref.actor.entropy_coeff=0",
-        "actor_rollout_ref.actor.use_dynamic_bsz=true",
-        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={tokens_per_gpu}",
-        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
-        f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={tokens_per_gpu}",
+        # micro-batches of a fixed number of rollouts: their padded size is bounded whatever
+        # the lengths (verl's token budget would pack many short rollouts beside a long one)
+        "actor_rollout_ref.actor.use_dynamic_bsz=false",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_rows}",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_rows}",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.mode=async",
         f"actor_rollout_ref.rollout.n={cfg.roc.group_size * cfg.roc.oversample}",

@@ -13,7 +13,6 @@ from rstar.train.gpu_sizing import (
     KNOWN,
     RESERVE_GB,
     ModelShape,
-    largest_micro_batch,
     micro_batch_gb,
     size,
     size_sft,
@@ -33,13 +32,6 @@ def test_a_models_shape_counts_its_parameters(tiny_dir):
     assert QWEN.kv_bytes_per_token == 2 * 40 * 8 * 128 * 2
 
 
-def test_padding_is_counted_as_verls_partitioner_packs_the_rows():
-    # one micro-batch of all four rows, padded to the longest; or, at a 10-token budget, the
-    # long row alone and the short ones together
-    assert largest_micro_batch((10, 2, 2, 2), 16) == (4, 10)
-    assert largest_micro_batch((10, 2, 2, 2), 10) == (1, 10)
-
-
 ROWS = 512 * 16 // 64  # the 14B recipe's rollouts per update, per GPU
 
 
@@ -55,20 +47,17 @@ def test_14b_settings_fit_an_80_gb_gpu_padded(response):
     smaller = s.tensor_parallel // 2
     kv_smaller = (s.memory_utilization * 80 - 2 * QWEN.params / 1e9 / smaller - 2) * smaller
     assert kv_smaller * 1e9 / QWEN.kv_bytes_per_token < 32 * sequence
-    # whole sequences of real tokens per micro-batch; the padded micro-batch (more tokens than
-    # the budget) fits beside the state, within the memory verl's sleep mode leaves the actor
-    assert s.micro_batch_tokens % sequence == 0
-    assert s.padded_tokens > s.micro_batch_tokens
+    # a fixed number of rollouts a micro-batch, each at most the full length: the worst case
+    # of any length mix fits beside the state, within the room verl's sleep mode leaves
+    assert s.padded_tokens == s.micro_batch_rows * sequence
     assert s.micro_batch_gb == pytest.approx(micro_batch_gb(QWEN, s.padded_tokens))
-    assert s.micro_batch_gb <= 0.8 * (80 - s.train_state_gb - RESERVE_GB)
-    # a node's GPUs hold the 8K stage's state (HSDP); at 12K a node's share would leave no room
-    # for the padded micro-batch, so the state is sharded over two nodes
-    if response == 8192:
-        assert s.fsdp_size == 8
-    else:
-        assert s.fsdp_size == 16
-        node_state = 16 * QWEN.params / 8 / 1e9
-        assert s.micro_batch_gb > 0.8 * (80 - node_state - RESERVE_GB)
+    assert s.room_gb == pytest.approx(0.8 * (80 - s.train_state_gb - RESERVE_GB))
+    assert s.micro_batch_gb <= s.room_gb
+    # one rollout fits at both lengths, two do not (and a GPU's rollouts divide evenly)
+    assert s.micro_batch_rows == 1
+    assert micro_batch_gb(QWEN, 2 * sequence) > s.room_gb
+    # a node's GPUs hold the state (HSDP) at both lengths: rl1 and rl2 share a sharding
+    assert s.fsdp_size == 8
     assert s.checkpoint_gb == pytest.approx(177, abs=1)
 
 
@@ -80,6 +69,16 @@ def test_14b_sft_fits_padded_with_the_state_on_the_gpu():
     assert s.micro_batch_gb <= 0.8 * (80 - s.train_state_gb - RESERVE_GB)
     # three chats a GPU may pad to 24K (one long, two short): the state over four nodes
     assert size_sft(QWEN, 80, 64, 8192, 3 * 64, per_node=8).fsdp_size == 32
+
+
+def test_micro_batches_hold_as_many_rollouts_as_fit_dividing_a_gpus_share():
+    # 192 GB leave room for five full-length 8K rollouts: four (a power of two dividing 128)
+    s = size(QWEN, 192, 64, 2048, 8192, ROWS * 64, per_node=8)
+    assert int(s.room_gb // micro_batch_gb(QWEN, s.sequence)) == 5
+    assert s.micro_batch_rows == 4 and s.micro_batch_gb <= s.room_gb
+    # 12 rollouts a GPU: 4 does not divide them evenly into micro-batches, 2 does
+    assert size(QWEN, 192, 64, 2048, 8192, 12 * 64, per_node=8).micro_batch_rows == 4
+    assert size(QWEN, 192, 64, 2048, 8192, 6 * 64, per_node=8).micro_batch_rows == 2
 
 
 def test_a_stage_that_cannot_fit_says_so():
@@ -107,8 +106,10 @@ def test_the_14b_plan_runs_the_sized_settings_and_prints_their_derivation():
         assert rollout.tensor_model_parallel_size == want.tensor_parallel
         assert rollout.gpu_memory_utilization == want.memory_utilization
         assert rollout.agent.num_workers == 64 and rollout.max_num_batched_tokens == 16384
-        assert actor.ppo_max_token_len_per_gpu == want.micro_batch_tokens
-        assert actor.entropy_from_logits_with_chunking
+        # micro-batches of a fixed number of rollouts, for the update and the old log-probs
+        assert not actor.use_dynamic_bsz and not rollout.log_prob_use_dynamic_bsz
+        assert actor.ppo_micro_batch_size_per_gpu == want.micro_batch_rows
+        assert rollout.log_prob_micro_batch_size_per_gpu == want.micro_batch_rows
         # FSDP2, as CI trains, and attention that needs no flash-attn
         assert actor.strategy == "fsdp2" and cfg.actor_rollout_ref.ref.strategy == "fsdp2"
         # sharded within a node or two, replicated across the rest; offloaded during rollouts
@@ -120,6 +121,8 @@ def test_the_14b_plan_runs_the_sized_settings_and_prints_their_derivation():
         assert any(line.startswith(f"sharding: fsdp_size {want.fsdp_size},") for line in lines)
         assert any(f"tensor parallel {want.tensor_parallel}:" in line for line in lines)
         assert any(line.startswith("checkpoints: ") and "TB written" in line for line in lines)
+        worst = f"at most {want.micro_batch_rows} x {want.sequence:,} = {want.padded_tokens:,}"
+        assert any(line.startswith("training micro-batch:") and worst in line for line in lines)
 
 
 def test_the_gpu_probe_measures_the_plans_micro_batches(tmp_path):
@@ -131,9 +134,9 @@ def test_the_gpu_probe_measures_the_plans_micro_batches(tmp_path):
     assert ModelShape.of(str(tmp_path)).params == pytest.approx(QWEN.params, rel=0.01)
     for case, response in zip(gpu_probe.CASES, (8192, 12288)):
         s = size(QWEN, 80, 64, 2048, response, ROWS * 64, per_node=8)
-        assert (case.budget, (case.rows, case.longest), case.fsdp_size) == (
-            s.micro_batch_tokens,
-            s.padded_shape,
+        assert (case.rows, case.longest, case.fsdp_size) == (
+            s.micro_batch_rows,
+            s.sequence,
             s.fsdp_size,
         )
     # a small shape runs the whole path here (no memory figures without a GPU)

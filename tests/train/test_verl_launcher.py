@@ -67,7 +67,8 @@ def test_overrides_compose_and_pass_verls_own_validation(tmp_path):
     )
     assert actor.use_kl_loss is False and actor.entropy_coeff == 0 and actor.optim.lr == 1e-6
     assert actor.optim.lr_warmup_steps == 20
-    assert actor.use_dynamic_bsz and actor.ppo_max_token_len_per_gpu >= 2048 + 8192
+    # one rollout a micro-batch without GPU settings: bounded whatever the lengths
+    assert not actor.use_dynamic_bsz and actor.ppo_micro_batch_size_per_gpu == 1
     assert rollout.n == 32 and rollout.response_length == 8192 and rollout.name == "vllm"
     assert rollout.agent.default_agent_loop == "rstar_agent"
     assert cfg.data.train_batch_size == 512 and cfg.trainer.nnodes == 8
