@@ -118,12 +118,16 @@ class GPUSettings:
         kv_gb = self.kv_tokens_per_replica * s.kv_bytes_per_token / GB
         nodes = self.fsdp_size // self.per_node
         if nodes <= 1:
+            replicas = self.gpus // self.fsdp_size
+            shard = 4 * s.params / self.fsdp_size / GB
+            sent = 2 * (replicas - 1) / replicas * shard
             network = (
-                f"network per micro-batch: the bf16 weights gathered ({weights:.1f} GB, forward "
+                f"network: per micro-batch the bf16 weights gathered ({weights:.1f} GB, forward "
                 "and backward) and the gradients reduce-scattered inside a node (NVLink); across "
-                f"nodes only each GPU's gradient shard is all-reduced (4 bytes x "
-                f"{s.params / 1e9:.1f}B / {self.fsdp_size} = "
-                f"{4 * s.params / self.fsdp_size / GB:.1f} GB)"
+                f"nodes each GPU's gradient shard (4 bytes x {s.params / 1e9:.1f}B / "
+                f"{self.fsdp_size} = {shard:.1f} GB) is all-reduced once an update "
+                f"(rstar.train.verl_hsdp), a ring over {replicas}: 2 x {replicas - 1}/{replicas} x "
+                f"{shard:.1f} = {sent:.1f} GB a GPU, {sent * self.per_node:.0f} GB a node"
             )
         else:
             network = (

@@ -232,11 +232,11 @@ def cpu_overrides(processes: int, model: str, max_model_len: int) -> list[str]:
 
 def external_modules(device: str) -> str:
     """What verl imports in every one of its processes (`VERL_USE_EXTERNAL_MODULES`): the
-    checkpoint load that restores the scheduler's rate (rstar.train.verl_resume) and, on the
-    CPU, the platform plug-in (rstar.train.verl_cpu)."""
-    return ",".join(
-        (["rstar.train.verl_cpu"] if device == "cpu" else []) + ["rstar.train.verl_resume"]
-    )
+    checkpoint load that reshards and restores the scheduler's rate (rstar.train.verl_resume),
+    gradient accumulation that crosses nodes once an update under HSDP (rstar.train.verl_hsdp)
+    and, on the CPU, the platform plug-in (rstar.train.verl_cpu)."""
+    mended = ["rstar.train.verl_resume", "rstar.train.verl_hsdp"]
+    return ",".join((["rstar.train.verl_cpu"] if device == "cpu" else []) + mended)
 
 
 def verl_env(device: str = "gpu", threads: int | None = None) -> dict[str, str]:

@@ -121,6 +121,10 @@ def test_the_14b_plan_runs_the_sized_settings_and_prints_their_derivation():
         assert any(line.startswith(f"sharding: fsdp_size {want.fsdp_size},") for line in lines)
         assert any(f"tensor parallel {want.tensor_parallel}:" in line for line in lines)
         assert any(line.startswith("checkpoints: ") and "TB written" in line for line in lines)
+        # across nodes the gradient shards once an update: 2 x 7/8 x 7.4 GB a GPU, x 8 a node
+        assert any(
+            "once an update" in line and "12.9 GB a GPU, 103 GB a node" in line for line in lines
+        )
         worst = f"at most {want.micro_batch_rows} x {want.sequence:,} = {want.padded_tokens:,}"
         assert any(line.startswith("training micro-batch:") and worst in line for line in lines)
 

@@ -331,6 +331,7 @@ def test_the_rl_stage_hands_its_mlflow_run_to_verls_ray_job(tiny_dir, tmp_path, 
     from rstar.pipeline.layout import Layout
     from rstar.pipeline.records import ModelRef, StageInputs, Stored
     from rstar.sandbox import client
+    from rstar.train.verl_launcher import external_modules
 
     recipe = load_recipe(
         "configs/tiny-verl.yaml",
@@ -366,8 +367,8 @@ def test_the_rl_stage_hands_its_mlflow_run_to_verls_ray_job(tiny_dir, tmp_path, 
     }
     assert job_env["MLFLOW_RUN_ID"] == "r42"
     assert job_env["MLFLOW_TRACKING_URI"] == "sqlite:////x/mlflow.db"
-    # and the modules verl loads in every process, on every node (rstar.train.verl_resume)
-    assert job_env["VERL_USE_EXTERNAL_MODULES"] == "rstar.train.verl_cpu,rstar.train.verl_resume"
+    # and the modules verl loads in every process, on every node (rstar.train.verl_resume...)
+    assert job_env["VERL_USE_EXTERNAL_MODULES"] == external_modules("cpu")
     # each step's rollouts go where the local trainer's would
     assert got["rstar.trajectories"] == Layout(recipe.storage_root).trajectories("rl1")
 
@@ -572,10 +573,11 @@ def test_paths_with_equals_signs_and_commas_reach_verl_as_they_are():
 def test_verl_loads_the_projects_modules_in_every_process_on_either_device():
     from rstar.train.verl_launcher import verl_env
 
-    assert verl_env("gpu")["VERL_USE_EXTERNAL_MODULES"] == "rstar.train.verl_resume"
+    mended = ["rstar.train.verl_resume", "rstar.train.verl_hsdp"]
+    assert verl_env("gpu")["VERL_USE_EXTERNAL_MODULES"].split(",") == mended
     assert verl_env("cpu")["VERL_USE_EXTERNAL_MODULES"].split(",") == [
         "rstar.train.verl_cpu",
-        "rstar.train.verl_resume",
+        *mended,
     ]
 
 
