@@ -9,6 +9,13 @@ from rstar.agent.sampling import Sampling
 from rstar.algo.roc import RoCConfig
 
 
+def warmup_share(update: int, warmup_steps: int) -> float:
+    """The share of an RL stage's learning rate at its `update`-th update (from 0): linear from
+    1/warmup_steps up to the full rate, then constant. Never 0: a first update at rate 0 would
+    be a rollout batch sampled for nothing."""
+    return min(1.0, (update + 1) / max(1, warmup_steps))
+
+
 @dataclass
 class SFTConfig:
     """The non-reasoning SFT stage: a recipe's `sft` section's training settings."""

@@ -22,7 +22,7 @@ from rstar.reward.score import BatchScorer
 from rstar.rollout.hf_engine import HFEngine
 from rstar.rollout.runner import sample, score
 from rstar.storage import dirs
-from rstar.train.config import RLConfig
+from rstar.train.config import RLConfig, warmup_share
 from rstar.train.metrics import summarize_step
 
 STATE = "trainer_state.pt"
@@ -79,9 +79,7 @@ def optimizer_and_schedule(model, cfg: RLConfig):
     """AdamW, and a learning rate that warms up linearly from 1/warmup_steps, then stays
     constant."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return opt, torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps))
-    )
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_share(s, cfg.warmup_steps))
 
 
 async def train_from(

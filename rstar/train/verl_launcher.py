@@ -233,9 +233,10 @@ def cpu_overrides(processes: int, model: str, max_model_len: int) -> list[str]:
 def external_modules(device: str) -> str:
     """What verl imports in every one of its processes (`VERL_USE_EXTERNAL_MODULES`): the
     checkpoint load that reshards and restores the scheduler's rate (rstar.train.verl_resume),
-    gradient accumulation that crosses nodes once an update under HSDP (rstar.train.verl_hsdp)
-    and, on the CPU, the platform plug-in (rstar.train.verl_cpu)."""
-    mended = ["rstar.train.verl_resume", "rstar.train.verl_hsdp"]
+    gradient accumulation that crosses nodes once an update under HSDP (rstar.train.verl_hsdp),
+    a warm-up whose first update is not at rate 0 (rstar.train.verl_warmup) and, on the CPU,
+    the platform plug-in (rstar.train.verl_cpu)."""
+    mended = ["rstar.train.verl_resume", "rstar.train.verl_hsdp", "rstar.train.verl_warmup"]
     return ",".join((["rstar.train.verl_cpu"] if device == "cpu" else []) + mended)
 
 

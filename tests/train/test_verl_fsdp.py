@@ -1,8 +1,9 @@
 """verl's FSDP2 over several ranks as the 14B plan shards it: 4 gloo ranks train a Qwen3-shaped
 model (untied embeddings, q/k norm; rows that do not split evenly) with verl's own FSDP2
-wrapping, meshes, checkpoint manager and gradient accumulation, mended by the modules verl's
-processes load (rstar.train.verl_resume, verl_reshard, verl_hsdp). One set of processes runs
-every check (their imports are most of the time); each test reads its check's outcome."""
+wrapping, meshes, checkpoint manager, schedule and gradient accumulation, mended by the modules
+verl's processes load (rstar.train.verl_resume, verl_reshard, verl_hsdp, verl_warmup). One set
+of processes runs every check (their imports are most of the time); each test reads its
+check's outcome."""
 
 from __future__ import annotations
 
@@ -136,7 +137,23 @@ def _reshard(rank: int, root: str) -> None:
     _carry(rank, root, save_fsdp=4, load_fsdp=2)
 
 
-CHECKS = {"reshard": _reshard, "accumulate": _accumulate}
+def _first_rate(rank: int, root: str) -> None:
+    """A stage that takes a previous stage's optimizer (written at rate 1e-2 by `_reshard`)
+    starts at its own warm-up's first rate, 1/4 of 1e-2 with verl's constant schedule of 4
+    warm-up steps: not the previous stage's last rate (verl restores it with the moments), not 0
+    (verl's warm-up starts there)."""
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+    from verl.utils.torch_functional import get_constant_schedule_with_warmup
+
+    model, optimizer = _model(1, _mesh(4))
+    schedule = get_constant_schedule_with_warmup(optimizer, num_warmup_steps=4)
+    FSDPCheckpointManager(model, optimizer, schedule).load_checkpoint(
+        os.path.join(root, "view-2-4")
+    )
+    assert [g["lr"] for g in optimizer.param_groups] == [1e-2 / 4] * len(optimizer.param_groups)
+
+
+CHECKS = {"reshard": _reshard, "accumulate": _accumulate, "first_rate": _first_rate}
 
 
 def _rank(rank: int, port: int, root: str) -> None:
@@ -146,7 +163,8 @@ def _rank(rank: int, port: int, root: str) -> None:
     os.environ["VERL_PLATFORM"] = "cpu"
     import rstar.train.verl_cpu
     import rstar.train.verl_hsdp
-    import rstar.train.verl_resume  # noqa: F401
+    import rstar.train.verl_resume
+    import rstar.train.verl_warmup  # noqa: F401
 
     torch.set_num_threads(1)
     # a check that fails on one rank leaves the others waiting in a collective: not for ever
@@ -196,3 +214,7 @@ def test_a_checkpoint_written_on_one_mesh_loads_and_trains_on_another(ranks):
 
 def test_hsdp_gradients_cross_replicas_once_an_update_and_equal_verls(ranks):
     assert not _errors(ranks, "accumulate")
+
+
+def test_a_carried_optimizer_starts_at_the_stages_own_first_warm_up_rate(ranks):
+    assert not _errors(ranks, "first_rate")

@@ -573,7 +573,7 @@ def test_paths_with_equals_signs_and_commas_reach_verl_as_they_are():
 def test_verl_loads_the_projects_modules_in_every_process_on_either_device():
     from rstar.train.verl_launcher import verl_env
 
-    mended = ["rstar.train.verl_resume", "rstar.train.verl_hsdp"]
+    mended = ["rstar.train.verl_resume", "rstar.train.verl_hsdp", "rstar.train.verl_warmup"]
     assert verl_env("gpu")["VERL_USE_EXTERNAL_MODULES"].split(",") == mended
     assert verl_env("cpu")["VERL_USE_EXTERNAL_MODULES"].split(",") == [
         "rstar.train.verl_cpu",
