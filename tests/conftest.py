@@ -147,6 +147,24 @@ def real_tokenizer(smollm2_base):
 
 
 @pytest.fixture(scope="session")
+def qwen3_tokenizer(tmp_path_factory):
+    """The 14B recipe's tokenizer (Qwen3's, as scripts/setup.sh installs it) after the
+    pipeline's base stage has copied a Qwen3 base (`_copy_base`, what it does to
+    Qwen/Qwen3-14B-Base): the tokenizer SFT, vLLM and verl read."""
+    from transformers import AutoTokenizer
+
+    from rstar.model.qwen3 import tokenizer_dir
+    from rstar.pipeline.stages import _copy_base
+
+    source = tmp_path_factory.mktemp("qwen3-base")
+    for name in os.listdir(tokenizer_dir()):
+        shutil.copy(os.path.join(tokenizer_dir(), name), source)
+    published = str(tmp_path_factory.mktemp("qwen3-published") / "base")
+    _copy_base(str(source), published)
+    return AutoTokenizer.from_pretrained(published)
+
+
+@pytest.fixture(scope="session")
 def tiny_sft(tmp_path_factory):
     """The shipped tiny base after the tiny recipe's own SFT (1-2 minutes here): a model that
     calls the tool and earns reward, so RL tests can see weights move (`product_problems`).

@@ -44,11 +44,16 @@ def call(code, inp="", name=TOOL_NAME):
     )
 
 
-@pytest.fixture(params=["tiny", "smollm2"])
+TOKENIZERS = {"tiny": "tokenizer", "smollm2": "real_tokenizer", "qwen3": "qwen3_tokenizer"}
+
+
+@pytest.fixture(params=list(TOKENIZERS))
 def any_tokenizer(request):
-    """The tiny model's tokenizer (1,584 types, trained here) and a real one (SmolLM2's 49,152
-    BPE types, from its GGUF file): the format must hold for both."""
-    return request.getfixturevalue("tokenizer" if request.param == "tiny" else "real_tokenizer")
+    """The tiny model's tokenizer (1,584 types, trained here), SmolLM2's (49,152 BPE types, from
+    its GGUF file) and the 14B recipe's (Qwen3's 151,669, whose own template would open a final
+    assistant turn with an empty think block): after the base stage, the format holds for
+    each."""
+    return request.getfixturevalue(TOKENIZERS[request.param])
 
 
 def test_template_renders_what_the_loop_appends(any_tokenizer):
