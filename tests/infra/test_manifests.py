@@ -168,6 +168,21 @@ def test_a_gpu_worker_pod_fits_the_node_it_is_sized_for():
     )
 
 
+def test_sandbox_workers_run_on_cpu_nodes_with_room_for_them():
+    """A worker's CPU quota does not fit beside a GPU node's Ray worker: the workers select
+    another pool, which the GPU workers do not."""
+    (sandbox,) = [o for o in docs("sandbox.yaml") if o["metadata"]["name"] == "sandbox-worker"]
+    pod = sandbox["spec"]["template"]["spec"]
+    quota = float(pod["containers"][0]["resources"]["limits"]["cpu"])
+    (cluster,) = docs("raycluster.yaml")
+    (gpu,) = cluster["spec"]["workerGroupSpecs"]
+    ray_cpu = float(gpu["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
+    assert quota > NODE["cpu"] - ray_cpu
+    assert pod["nodeSelector"] and pod["nodeSelector"] != gpu["template"]["spec"].get(
+        "nodeSelector"
+    )
+
+
 def test_the_mlflow_host_the_14b_recipe_names_is_a_service_of_the_manifests():
     """The recipe's tracking_uri (http://mlflow:5000) resolves in the cluster: a Service of that
     name and port selects the MLflow server's pods, all valid Kubernetes objects."""
