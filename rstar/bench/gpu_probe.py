@@ -5,16 +5,21 @@ probe measures it. It builds Qwen3-14B's layers from its published config (rando
 one layer then two, so the difference is one layer's share), runs forward and backward with
 gradient checkpointing on the plan's worst micro-batch of each RL stage, padded as verl pads it
 (its rows, each at the stage's full length, PyTorch's attention) and packed as padding removal
-would run it,
-and extrapolates to 40 layers beside the sharded training state and the reserve:
+would run it, and extrapolates to 40 layers beside the sharded training state and the reserve.
+What FSDP adds around the same step is counted too: each weight's gradient, unsharded until
+its reduce-scatter (which takes an fp32 copy, verl's reduce dtype) and freed after it, as FSDP
+frees it; the log-probs taken as verl's padded path takes them (each row's real tokens cut out
+and joined, then log-softmax a token at a time: `logprobs_from_logits_v2`'s bfloat16 branch,
+flash-attn's cross-entropy not being in the GPU lock); and the weights FSDP holds gathered
+(the root unit's embeddings and head for the whole step, two layers at a time: the current
+one and the one prefetched), by arithmetic from the config.
 
     python -m rstar.bench.gpu_probe            # on a GPU: the table, in a few minutes
     python -m rstar.bench.gpu_probe --small    # anywhere: a small shape, proves the script
 
 It needs only torch and transformers (the lent device has no vLLM, verl or Ray), so the plan's
 micro-batch shapes are kept in `CASES` (a test keeps them equal to the plan's). What it cannot
-show: FSDP's gathers and NCCL buffers, vLLM beside the actor, or the allocator over hours;
-docs/cluster.md says so.
+show: NCCL buffers, vLLM beside the actor, or the allocator over hours; docs/cluster.md says so.
 """
 
 from __future__ import annotations
@@ -88,15 +93,37 @@ def build(config: dict, layers: int, impl: str, device: str):
         model = AutoModelForCausalLM.from_config(
             cfg, dtype=torch.bfloat16, attn_implementation=impl
         )
-    model.requires_grad_(False)  # activations only: the weights' gradients are the state's
+    for p in model.parameters():  # FSDP: each gradient reduce-scattered (fp32) and freed
+        p.register_post_accumulate_grad_hook(_reduce_scatter)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train()
 
 
+def _reduce_scatter(param) -> None:
+    """What FSDP does with a weight's gradient once complete: an fp32 copy for the
+    reduce-scatter (verl's reduce dtype), then the unsharded gradient freed; the sharded result
+    is the training state's, counted apart."""
+    param.grad.float()
+    param.grad = None
+
+
+def verl_log_probs(logits, ids, mask):
+    """Log-probs of `ids` as verl 0.9.1's padded path takes them (FSDPEngineWithLMHead, with
+    use_remove_padding=false): each row's real tokens cut out of the logits and joined (a copy),
+    then log-softmax one token at a time (torch_functional.logprobs_from_logits_v2 on bfloat16)."""
+    keep = mask.bool()
+    real = torch.cat([row[k] for row, k in zip(logits, keep, strict=True)])
+    labels = torch.cat([row[k] for row, k in zip(ids, keep, strict=True)])
+    return torch.stack(
+        [torch.log_softmax(t, -1)[label] for t, label in zip(real, labels, strict=True)]
+    )
+
+
 def step_peak(model, rows: int, longest: int, padded: bool, device: str) -> float:
-    """Peak memory (GB) above the weights of one forward and backward: bf16 logits, their fp32
-    log-softmax and its gradient, as the actor's loss takes them. `padded`: rows x longest with
-    all but the first row shorter (verl's padded micro-batch); else one packed row."""
+    """Peak memory (GB) above the weights of one forward and backward: activations, the
+    log-probs as verl takes them, each weight's gradient until its reduce-scatter. `padded`:
+    rows x longest with all but the first row shorter (verl's padded micro-batch); else one
+    packed row."""
     vocab = model.config.vocab_size
     shape = (rows, longest) if padded else (1, rows * longest)
     ids = torch.randint(0, vocab, shape, device=device)
@@ -109,15 +136,31 @@ def step_peak(model, rows: int, longest: int, padded: bool, device: str) -> floa
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated() if device == "cuda" else 0
-    embeds = model.get_input_embeddings()(ids).detach().requires_grad_()
-    logits = model(inputs_embeds=embeds, attention_mask=mask, use_cache=False).logits
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[..., None]).squeeze(-1)
-    (-(logp * mask).sum() / mask.sum()).backward()
-    del logits, logp, embeds
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    logp = verl_log_probs(logits, ids, mask)
+    (-logp.float().mean()).backward()
+    del logits, logp
     if device != "cuda":
         return float("nan")  # a dry run: the code path, not the memory
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - base) / GB
+
+
+def gathered_gb(config: dict) -> float:
+    """The bf16 weights FSDP holds unsharded beside a micro-batch: the root unit's embeddings
+    and head (untied) for the whole step, and two layers (the current one, the next
+    prefetched)."""
+    hidden, heads, kv = (
+        config["hidden_size"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+    )
+    layer = (
+        hidden * config["head_dim"] * (2 * heads + 2 * kv)
+        + 3 * hidden * config["intermediate_size"]
+    )
+    root = config["vocab_size"] * hidden * (1 if config["tie_word_embeddings"] else 2)
+    return 2 * (root + 2 * layer) / GB
 
 
 def probe(config: dict, cases: list[Case], device: str) -> list[dict]:
@@ -135,6 +178,7 @@ def probe(config: dict, cases: list[Case], device: str) -> list[dict]:
                 per_layer = peaks[2][i] - peaks[1][i]
                 measured = peaks[1][i] + (layers - 1) * per_layer
                 state = 16 * params / c.fsdp_size / GB
+                gathered = gathered_gb(config)
                 out.append(
                     {
                         "stage": c.stage,
@@ -145,7 +189,11 @@ def probe(config: dict, cases: list[Case], device: str) -> list[dict]:
                         "one layer GB": per_layer,
                         "measured GB": measured,
                         "plan GB": micro_batch_gb(KNOWN["Qwen/Qwen3-14B-Base"], c.rows * c.longest),
-                        "with state and reserve GB": measured + state + RESERVE_GB,
+                        "gathered GB": gathered,
+                        "with state, gathered and reserve GB": measured
+                        + state
+                        + gathered
+                        + RESERVE_GB,
                     }
                 )
     return out

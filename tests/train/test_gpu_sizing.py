@@ -81,6 +81,28 @@ def test_micro_batches_hold_as_many_rollouts_as_fit_dividing_a_gpus_share():
     assert size(QWEN, 192, 64, 2048, 8192, 6 * 64, per_node=8).micro_batch_rows == 2
 
 
+def test_the_gpu_probe_takes_log_probs_as_verls_padded_path_and_frees_each_gradient(monkeypatch):
+    import torch
+
+    from rstar.bench import gpu_probe
+
+    reduced = []
+    scatter = gpu_probe._reduce_scatter
+    monkeypatch.setattr(gpu_probe, "_reduce_scatter", lambda p: reduced.append(p) or scatter(p))
+    model = gpu_probe.build(gpu_probe.SMALL | {"num_hidden_layers": 1}, 1, "sdpa", "cpu")
+    ids = torch.randint(0, 2048, (2, 5))
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    logits = torch.randn(2, 5, 2048)
+    want = torch.log_softmax(logits, -1).gather(-1, ids[..., None]).squeeze(-1)
+    # the real tokens only, row after row
+    got = gpu_probe.verl_log_probs(logits, ids, mask)
+    torch.testing.assert_close(got, torch.cat([want[0], want[1, :3]]))
+    gpu_probe.step_peak(model, 2, 16, True, "cpu")
+    # every weight's gradient went to its reduce-scatter and was freed there, as FSDP does
+    assert {id(p) for p in reduced} == {id(p) for p in model.parameters()}
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_a_stage_that_cannot_fit_says_so():
     with pytest.raises(ValueError, match="padded micro-batch of .* more than"):
         size(QWEN, 40, 8, 2048, 30_000, 8 * 16, per_node=8)
@@ -143,6 +165,11 @@ def test_the_gpu_probe_measures_the_plans_micro_batches(tmp_path):
             s.sequence,
             s.fsdp_size,
         )
+    # the weights FSDP holds gathered: Qwen3-14B's embeddings and head, and two layers, in bf16
+    layer = 5120 * 128 * (2 * 40 + 2 * 8) + 3 * 5120 * 17408
+    assert gpu_probe.gathered_gb(gpu_probe.QWEN3_14B) == pytest.approx(
+        2 * (2 * 151_936 * 5120 + 2 * layer) / 1e9
+    )
     # a small shape runs the whole path here (no memory figures without a GPU)
     text = gpu_probe.main(["--small"])
     assert "| small | sdpa | 3 x 64 padded |" in text
