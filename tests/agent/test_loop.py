@@ -184,6 +184,27 @@ async def test_multi_turn_record_and_mask(any_tokenizer, agent_sandbox):
     ]
 
 
+async def test_a_failed_calls_error_and_a_timeout_reach_the_model(tokenizer, agent_sandbox):
+    """The paper's point: the model reads what went wrong. An exception comes back with what
+    was printed before it and its traceback, a call past its time limit with the limit named;
+    both count as tool errors."""
+    turns = [
+        call("print('before')\n1/0"),
+        call("import time\ntime.sleep(30)"),
+        "<answer>\\boxed{1}</answer>",
+    ]
+    loop = AgentLoop(
+        ScriptedEngine(tokenizer, turns), tokenizer, agent_sandbox, Sampling(tool_timeout_s=0.5)
+    )
+    traj = await loop.run("p", "r")
+    assert [c.status for c in traj.tool_calls] == ["error", "timeout"]
+    assert traj.num_tool_errors == 2
+    tool = tokenizer.decode([t for t, m in zip(traj.response_ids, traj.response_mask) if not m])
+    first, second = tool.split("</tool_response>")[:2]
+    assert "before" in first and "Traceback" in first and "ZeroDivisionError" in first, first
+    assert "Timeout" in second and "0.5s" in second, second
+
+
 async def test_finish_reasons(tokenizer, agent_sandbox):
     async def run(turns, **cfg):
         return await AgentLoop(

@@ -3,6 +3,7 @@ changes nothing on the host, and the service keeps serving."""
 
 import os
 import socket
+import sys
 import threading
 
 import pytest
@@ -117,6 +118,39 @@ async def test_secrets_in_the_service_environment_stay_hidden(still_healthy, no_
     assert r.status is Status.OK
     assert "hunter2" not in r.stdout and "RSTAR_TEST_SECRET" not in r.stdout
     assert "/proc/1/environ" not in r.stdout  # other users' processes are invisible
+
+
+async def test_a_call_sees_only_its_own_processes(sandbox, still_healthy, no_leftovers):
+    """/proc inside a call (hidepid=invisible) lists the call's own processes, not the host's
+    (about a hundred here, the test runner's among them)."""
+    code = (
+        "import os\n"
+        "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+        "lines = [open(f'/proc/{p}/cmdline', 'rb').read() for p in pids]\n"
+        "print(len(pids), any(b'pytest' in c for c in lines))"
+    )
+    r = await sandbox.run(code)
+    assert r.status is Status.OK, r.stderr
+    seen, runner = r.stdout.split()
+    assert int(seen) <= 3 and runner == "False", r.stdout
+
+
+async def test_every_mount_but_the_calls_scratch_is_read_only(sandbox, still_healthy, no_leftovers):
+    """The mount flags themselves, not a write attempt: the calls' uid could not write the
+    root-owned files anyway, but in the mode where calls run as the files' owner only the flag
+    stops them. /usr, the project's package and the interpreter are read-only; /tmp (the calls'
+    tmpfs) and /proc stay writable."""
+    import rstar
+
+    r = await sandbox.run(
+        "for line in open('/proc/self/mountinfo'):\n    f = line.split()\n    print(f[4], f[5])"
+    )
+    assert r.status is Status.OK, r.stderr
+    mounts = dict(line.split() for line in r.stdout.splitlines())
+    package = os.path.dirname(rstar.__file__)
+    assert {"/", "/usr", package, sys.base_prefix} <= set(mounts), mounts
+    writable = {p for p, opts in mounts.items() if "ro" not in opts.split(",")}
+    assert writable == {"/tmp", "/proc"}, mounts
 
 
 async def test_cannot_kill_the_executor(sandbox, still_healthy, no_leftovers):

@@ -90,6 +90,17 @@ async def test_wall_clock_timeout_per_call(sandbox):
     assert 0.5 <= r.wall_s < 2.0
 
 
+async def test_a_call_cannot_ask_for_more_time_than_the_services_maximum():
+    """A request's own timeout is capped at max_timeout_s: model code asking for an hour gets the
+    service's maximum (0.6 s here), not the hour."""
+    from rstar.sandbox.service import SandboxService
+
+    async with SandboxService(small_config(timeout_s=0.3, max_timeout_s=0.6)) as sb:
+        r = await sb.run("import time\ntime.sleep(30)", timeout_s=3600)
+    assert r.status is Status.TIMEOUT and "wall-clock limit of 0.6s" in r.reason, r.reason
+    assert r.wall_s < 2.0
+
+
 async def test_cpu_limit(sandbox):
     r = await sandbox.run("while True:\n    pass", timeout_s=30)
     assert r.status is Status.TIMEOUT and "CPU time limit" in r.reason
