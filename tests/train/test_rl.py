@@ -330,6 +330,46 @@ def test_an_update_raises_rewarded_tokens_lowers_the_rest_and_never_trains_tool_
     assert torch.all(scored.grad[scored_mask == 1] != 0)
 
 
+def test_the_optimizer_steps_on_the_clipped_gradient(tiny_dir, tokenizer):
+    """clip_grad_norm_ returns the norm before clipping, so the logged figure is the same with
+    clipping off: what AdamW is handed is checked here, at its step."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    c = cfg(1)
+    c.max_grad_norm = 1e-3
+    trainer = RLTrainer(model, tokenizer, [], None, c, "unused")
+    stepped = []
+    trainer.opt.register_step_pre_hook(
+        lambda opt, *_: stepped.append(
+            torch.linalg.vector_norm(
+                torch.stack(
+                    [
+                        p.grad.norm()
+                        for g in opt.param_groups
+                        for p in g["params"]
+                        if p.grad is not None
+                    ]
+                )
+            ).item()
+        )
+    )
+    kept = [
+        {
+            "prompt_ids": [5, 9, 14, 3],
+            "group_id": "g",
+            "reward": reward,
+            "response_ids": ids,
+            "response_mask": [1] * len(ids),
+        }
+        for ids, reward in (([40, 41, 42], 1.0), ([60, 61, 62, 63], 0.0))
+    ]
+    logged = trainer.update(kept)["grad_norm"]
+    assert logged > 100 * c.max_grad_norm  # a gradient that needed clipping
+    (norm,) = stepped
+    assert norm == pytest.approx(c.max_grad_norm, rel=1e-3)
+
+
 def test_batched_log_probs_are_each_sequences_alone(tiny_dir):
     """Left padding and scoring only the last columns: each row's response log-probs are those
     of a plain forward pass over that sequence alone."""
