@@ -11,7 +11,7 @@ import pytest
 import sympy
 
 from rstar.data import synth
-from rstar.data.curate import REASONS, CurationConfig, SourceSpec, curate, normalize_text
+from rstar.data.curate import REASONS, CurationConfig, SourceSpec, curate, ngrams, normalize_text
 from rstar.data.io import DataError, read_table, write_table
 from rstar.data.mine import candidates, mine_hard
 from rstar.data.schema import SCHEMAS
@@ -43,6 +43,29 @@ def dirty(tmp_path):
         {"id": "i", "problem": "What is 1,000 plus 1?", "answer": "1,001"},
     ]
     return write_jsonl(tmp_path / "dirty.jsonl", rows)
+
+
+def test_decontamination_catches_exactly_eight_shared_words_at_either_edge(tmp_path):
+    """An 8-word training problem inside an evaluation problem, at its start or at its end, is
+    contaminated; sharing 7 words is not. (Long texts match in the middle even with an
+    off-by-one in the n-gram range; the edges do not.)"""
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    evaluation = [" ".join([*words, "iota kappa lambda"]), " ".join(["mu nu xi", *words])]
+    rows = [
+        {"id": "whole", "problem": " ".join(words), "answer": "1"},
+        {"id": "seven", "problem": " ".join(words[:7]) + " omicron", "answer": "2"},
+        {"id": "tail", "problem": "pi rho " + " ".join(words[1:]) + " iota", "answer": "3"},
+    ]
+    out, rej = str(tmp_path / "kept.parquet"), str(tmp_path / "rejects.parquet")
+    curate(
+        [SourceSpec(write_jsonl(tmp_path / "p.jsonl", rows), name="p")],
+        out,
+        rej,
+        eval_problems=evaluation,
+    )
+    kept = {r["id"] for r in read_table(out, "problems").to_pylist()}
+    assert kept == {"seven"}
+    assert len(ngrams(" ".join(words), 8)) == 1 and not ngrams(" ".join(words[:7]), 8)
 
 
 def test_curation_counts_every_filter_and_keeps_every_reject(tmp_path, dirty):
