@@ -97,6 +97,33 @@ def test_cache_keys_change_only_for_the_stages_a_change_touches():
     )
 
 
+def test_the_last_rl_stages_key_follows_the_mined_problems():
+    """rl3 trains on what mining found: another mined set (its digest) is another rl3, even from
+    the same model and recipe, or a stale rl3 would be served after mining changed."""
+    from rstar.pipeline.records import StageOutput, Stored
+    from rstar.pipeline.stage_table import recipe_stages
+
+    recipe = load_recipe(TINY)
+    stages = {s.name: s for s in recipe_stages(recipe)}
+    last = recipe.rl[-1].name
+
+    def key(mined_digest: str) -> str:
+        outs = {
+            name: StageOutput(
+                name,
+                model=ModelRef(f"{name}-model", "same"),
+                datasets={
+                    "train": Stored("train", "same"),
+                    "hard_problems": Stored("hard", mined_digest),
+                },
+            )
+            for name in stages
+        }
+        return cache.key(recipe, last, stages[last].inputs(outs))
+
+    assert key("mined-1") != key("mined-2")
+
+
 def test_a_new_code_version_changes_every_cache_key(monkeypatch):
     import rstar
 
