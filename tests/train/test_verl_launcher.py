@@ -12,7 +12,7 @@ import torch
 from rstar.agent.sampling import Sampling
 from rstar.algo.roc import RoCConfig
 from rstar.data import synth
-from rstar.data.io import write_table
+from rstar.data.io import read_table, write_table
 from rstar.pipeline.plan import compose_verl
 from rstar.train.config import RLConfig
 from rstar.train.verl_launcher import build_verl_run, to_verl_rows, verl_overrides
@@ -170,10 +170,11 @@ def agent_loop_batch(n_prompts: int = 2, per_prompt: int = 8, width: int = 6):
     )
 
 
-def test_roc_in_verls_step_then_verls_own_grpo_advantages():
+def test_roc_in_verls_step_then_verls_own_grpo_advantages(tmp_path):
     """RoCTrainer's hook on a real DataProto, then verl's compute_advantage: G of 2G kept per
-    prompt, rows whole, advantages centred within each kept group; the worker group (the only
-    thing faked) tells the data-parallel size."""
+    prompt, rows whole, advantages centred within each kept group, the step's trajectory file
+    marking kept exactly the rows the update goes on with; the worker group (the only thing
+    faked) tells the data-parallel size."""
     from types import SimpleNamespace
 
     from omegaconf import OmegaConf
@@ -184,7 +185,12 @@ def test_roc_in_verls_step_then_verls_own_grpo_advantages():
     trainer = object.__new__(RoCTrainer)
     trainer.config = OmegaConf.create(
         {
-            "rstar": {"roc_mode": "roc", "group_size": 4, "seed": 0},
+            "rstar": {
+                "roc_mode": "roc",
+                "group_size": 4,
+                "seed": 0,
+                "trajectories": str(tmp_path),
+            },
             "trainer": {"experiment_name": "rl1"},
             "actor_rollout_ref": {"rollout": {"n": 8}, "actor": {"ppo_mini_batch_size": 2}},
         }
@@ -211,6 +217,14 @@ def test_roc_in_verls_step_then_verls_own_grpo_advantages():
     assert metrics["rollout/tool_error_rate"] == 8 / 22
     assert metrics["rollout/sandbox_failure_rate"] == 2 / 22
     assert "global_seqlen/min" in metrics  # then verl's own balancing ran on what was kept
+    # the file's kept rows are the rows left to train on (each response is unique here)
+    written = read_table(f"{tmp_path}/step=00001.parquet", "trajectories").to_pylist()
+    trained = {
+        tuple(r[m.bool()].tolist())
+        for r, m in zip(batch.batch["responses"], batch.batch["response_mask"], strict=True)
+    }
+    assert len(written) == 16
+    assert {tuple(r["response_ids"]) for r in written if r["kept"]} == trained
     batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
     out = compute_advantage(batch, adv_estimator="grpo", num_repeat=4, config=OmegaConf.create({}))
     adv = out.batch["advantages"]
