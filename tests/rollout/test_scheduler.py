@@ -3,6 +3,7 @@ replica held (nothing lost, nothing duplicated), prefers the replica with the mo
 the one a rollout last ran on; the static split assigns rollouts round robin."""
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -246,6 +247,25 @@ async def test_a_stage_on_wedged_replicas_ends_in_an_error_naming_the_stall():
     sched = BalancedScheduler([WedgedReplica()], 1000, stall_timeout_s=0.2, max_attempts=1)
     with pytest.raises(ReplicaLost, match="replica 0 .WedgedReplica. answered none of its 1"):
         await asyncio.wait_for(sched.generate("r/1", [1], {"max_tokens": 4}), timeout=10)
+
+
+async def test_a_silent_replica_is_declared_dead_on_time_while_requests_keep_coming():
+    """Its silence is counted from when it went from idle to busy, not from its latest request:
+    a wedged replica handed a request every 0.1 s is dead 0.3 s after its first, not only once
+    requests stop."""
+    sched = BalancedScheduler([WedgedReplica()], 1000, stall_timeout_s=0.3, max_attempts=1)
+    start = time.monotonic()
+    first = asyncio.ensure_future(sched.generate("r0/1", [1], {"max_tokens": 4}))
+    later = []
+    while not first.done() and time.monotonic() - start < 3:
+        rid = f"r{len(later) + 1}/1"
+        later.append(asyncio.ensure_future(sched.generate(rid, [1], {"max_tokens": 4})))
+        await asyncio.sleep(0.1)
+    assert first.done() and time.monotonic() - start < 1.0, len(later)
+    with pytest.raises(ReplicaLost, match="answered none"):
+        first.result()
+    outcomes = await asyncio.wait_for(asyncio.gather(*later, return_exceptions=True), timeout=5)
+    assert all(isinstance(o, ReplicaLost) for o in outcomes)
 
 
 async def test_a_busy_replica_that_keeps_answering_is_not_a_stalled_one():

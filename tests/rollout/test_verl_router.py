@@ -61,7 +61,9 @@ def test_the_homes_stay_bounded_over_many_steps_and_a_live_rollout_keeps_its_hom
         for i in range(40):  # a step's rollouts, one turn each
             rid = f"s{step}-{i}"
             router.release_server(acquire(router, rid, 10, 10), request_id=rid)
-        # the live rollout's next turn, holding its place among the recent
+        # the live rollout's next turn, holding its place among the recent: never dropped in
+        # between (dropped, it would be placed afresh, here on the same idle replica by chance)
+        assert "live" in router.home, step
         router.release_server(acquire(router, "live", 10, 10), request_id="live")
         sizes.append(len(router.home))
     assert max(sizes) == 64 and sizes[-1] == 64
