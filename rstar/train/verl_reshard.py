@@ -2,13 +2,14 @@
 
 verl 0.9.1 saves one file per rank (`model_world_size_W_rank_R.pt`, `optim_...`) holding that
 rank's DTensor shards, and loads each rank's file as it is: a stage sharded otherwise than the
-one that wrote the checkpoint (the 14B plan shards rl1 over 8 GPUs and rl2, which carries rl1's
-optimizer, over 16) fails to copy the weights ("inputs with different meshes"), or loads the
-optimizer and fails at its first AdamW step. Here each rank builds its own shard of every
-tensor from the saved ranks' pieces that overlap it, whatever the saved mesh (its shape, its
-world size, the dimension it shards), and the state dicts go to the model and optimizer as verl
-would hand them. The files are opened memory-mapped: a rank reads only the rows it needs, from
-at most a few of the saved ranks' files.
+one that wrote the checkpoint (as the 14B plan once sharded rl1 over 8 GPUs and rl2, which
+carries rl1's optimizer, over 16; or a cluster resized between stages) fails to copy the weights
+("inputs with different meshes"), or loads the optimizer and fails at its first AdamW step.
+Here each rank builds its own shard of every tensor from the saved ranks' pieces that overlap
+it, whatever the saved mesh (its shape, its world size, the dimension it shards), and the state
+dicts go to the model and optimizer as verl would hand them. The files are opened
+memory-mapped: a rank reads only the rows it needs, from at most a few of the saved ranks'
+files.
 """
 
 from __future__ import annotations

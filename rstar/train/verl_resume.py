@@ -10,10 +10,9 @@ the previous stage's optimizer over (`rstar.optimizer_from`, with a scheduler of
 not at its own warm-up's first (#45 point 6). After every load each group takes the
 scheduler's current rate; when a stage resumes its own checkpoint the two are already equal.
 
-verl loads each rank's file as that rank wrote it, so a checkpoint written on another mesh
-(the 14B plan shards rl1 within a node and rl2, which carries rl1's optimizer, over two) or
-world size cannot be loaded; such a checkpoint is resharded as it is read (rstar.train.
-verl_reshard).
+verl loads each rank's file as that rank wrote it, so a checkpoint written on another mesh or
+world size (a stage sharded otherwise than the one before it, a cluster resized) cannot be
+loaded; such a checkpoint is resharded as it is read (rstar.train.verl_reshard).
 """
 
 from __future__ import annotations
