@@ -68,6 +68,32 @@ def test_decontamination_catches_exactly_eight_shared_words_at_either_edge(tmp_p
     assert len(ngrams(" ".join(words), 8)) == 1 and not ngrams(" ".join(words[:7]), 8)
 
 
+def test_limits_are_inclusive_rejects_keep_their_row_and_unnamed_rows_get_an_id(tmp_path):
+    """A problem of exactly max_problem_chars and an answer of exactly max_answer_digits are
+    kept, one more of either is not; every reject carries its row as read (the JSON a person
+    checks); an answer neither text nor integer is the wrong type; a row without an id is named
+    by its source and row number. (Found by mutmut over curate.py: each survived before.)"""
+    cfg = CurationConfig(max_problem_chars=40, max_answer_digits=3)
+    rows = [
+        {"id": "fits", "problem": "x" * 36 + " 1+1", "answer": "999"},
+        {"id": "long", "problem": "y" * 37 + " 1+1", "answer": "1"},
+        {"id": "big", "problem": "What is 10 cubed, really?", "answer": "1000"},
+        {"id": "float", "problem": "What is a half of one?", "answer": 0.5},
+        {"problem": "What is 3 + 4, without an id?", "answer": "7"},
+    ]
+    out, rej = str(tmp_path / "kept.parquet"), str(tmp_path / "rejects.parquet")
+    curate([SourceSpec(write_jsonl(tmp_path / "p.jsonl", rows), name="p")], out, rej, cfg=cfg)
+    kept = read_table(out, "problems").to_pylist()
+    assert [r["id"] for r in kept] == ["fits", "p#4"]
+    rejects = {json.loads(r["raw"])["id"]: r for r in read_table(rej, "rejects").to_pylist()}
+    assert {i: r["reason"] for i, r in rejects.items()} == {
+        "long": "too_long",
+        "big": "answer_too_large",
+        "float": "wrong_type",
+    }
+    assert all(json.loads(r["raw"]) == rows[r["row_id"]] for r in rejects.values())
+
+
 def test_curation_counts_every_filter_and_keeps_every_reject(tmp_path, dirty):
     eval_problems = [
         "In a famous puzzle: how many positive divisors does 360 have, counting one and itself? "
