@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rstar.train.gpu_sizing import GB, KNOWN, RESERVE_GB, micro_batch_gb
+from rstar.train.gpu_sizing import GB, KNOWN, RESERVE_GB, micro_batch_gb, parameter_counts
 
 # Qwen3-14B-Base's config.json (published; the hub is not reached from here)
 QWEN3_14B = {
@@ -148,24 +148,15 @@ def step_peak(model, rows: int, longest: int, padded: bool, device: str) -> floa
 
 def gathered_gb(config: dict) -> float:
     """The bf16 weights FSDP holds unsharded beside a micro-batch: the root unit's embeddings
-    and head (untied) for the whole step, and two layers (the current one, the next
-    prefetched)."""
-    hidden, heads, kv = (
-        config["hidden_size"],
-        config["num_attention_heads"],
-        config["num_key_value_heads"],
-    )
-    layer = (
-        hidden * config["head_dim"] * (2 * heads + 2 * kv)
-        + 3 * hidden * config["intermediate_size"]
-    )
-    root = config["vocab_size"] * hidden * (1 if config["tie_word_embeddings"] else 2)
+    and head for the whole step, and two layers (the current one, the next prefetched)."""
+    layer, root = parameter_counts(config)
     return 2 * (root + 2 * layer) / GB
 
 
 def probe(config: dict, cases: list[Case], device: str) -> list[dict]:
     layers = config["num_hidden_layers"]
     params = KNOWN["Qwen/Qwen3-14B-Base"].params
+    gathered = gathered_gb(config)
     out = []
     for impl in attention_impls(device):
         for padded in (True, False):
@@ -178,7 +169,6 @@ def probe(config: dict, cases: list[Case], device: str) -> list[dict]:
                 per_layer = peaks[2][i] - peaks[1][i]
                 measured = peaks[1][i] + (layers - 1) * per_layer
                 state = 16 * params / c.fsdp_size / GB
-                gathered = gathered_gb(config)
                 out.append(
                     {
                         "stage": c.stage,

@@ -25,6 +25,20 @@ ATTENTION = (
 )
 
 
+def _head_dim(c: dict) -> int:
+    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+
+
+def parameter_counts(c: dict) -> tuple[int, int]:
+    """(a decoder layer's parameters, the embeddings' and head's) of a model's config.json:
+    attention and the gated MLP's three matrices; the head apart unless tied to the
+    embeddings. The norms' vectors are left out."""
+    heads, hidden = c["num_attention_heads"], c["hidden_size"]
+    kv = c.get("num_key_value_heads", heads)
+    per_layer = hidden * _head_dim(c) * (2 * heads + 2 * kv) + 3 * hidden * c["intermediate_size"]
+    return per_layer, c["vocab_size"] * hidden * (1 if c.get("tie_word_embeddings") else 2)
+
+
 @dataclass(frozen=True)
 class ModelShape:
     params: float
@@ -43,14 +57,16 @@ class ModelShape:
             return KNOWN.get(model)
         with open(path) as f:
             c = json.load(f)
-        heads = c["num_attention_heads"]
-        head_dim = c.get("head_dim") or c["hidden_size"] // heads
-        layers, hidden, vocab = c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
-        kv = c.get("num_key_value_heads", heads)
-        # attention, MLP (gated: three matrices), embeddings and head (unless tied)
-        per_layer = hidden * head_dim * (2 * heads + 2 * kv) + 3 * hidden * c["intermediate_size"]
-        embed = vocab * hidden * (1 if c.get("tie_word_embeddings") else 2)
-        return cls(layers * per_layer + embed, layers, kv, head_dim, hidden, vocab)
+        per_layer, embed = parameter_counts(c)
+        layers = c["num_hidden_layers"]
+        return cls(
+            layers * per_layer + embed,
+            layers,
+            c.get("num_key_value_heads", c["num_attention_heads"]),
+            _head_dim(c),
+            c["hidden_size"],
+            c["vocab_size"],
+        )
 
     @property
     def kv_bytes_per_token(self) -> int:
