@@ -124,6 +124,58 @@ def pipeline_plan(
             print("    " + shlex.join(s["command"]))
 
 
+@pipeline_app.command("rehearse")
+def pipeline_rehearse(
+    config: str = typer.Option("configs/qwen3-14b.yaml", help="The GPU recipe (YAML)."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override a recipe value: KEY=VALUE (repeatable)."
+    ),
+    workdir: str = typer.Option(
+        ".rstar/rehearsal", help="Where the stand-in model, logs, MLflow and the shared volume go."
+    ),
+    as_json: bool = typer.Option(False, "--json", help='Print {"stages": [...]} as JSON.'),
+) -> None:
+    """Run a GPU recipe on this machine's CPU as its cluster would: two hosts (network
+    namespaces, root needed), a random model of its architecture, verl's command lines as the
+    plan's but for the keys the output lists; each stage's result, time and differences."""
+    import json
+    import os
+
+    from rstar.pipeline.config import ConfigError, load_recipe
+    from rstar.pipeline.rehearsal import run
+    from rstar.pipeline.rehearsal_cluster import RehearsalError
+
+    values = overrides(set_)
+    try:
+        recipe = load_recipe(config, values, check_inputs=False)
+        if recipe.engine != "verl" or not recipe.resources.gpus:
+            raise ConfigError(f"{config}: a rehearsal is of a GPU recipe (engine verl, gpus)")
+        if os.geteuid() != 0:
+            raise ConfigError("a rehearsal makes network namespaces: run it as root")
+    except ConfigError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    try:
+        result = run(
+            config,
+            values,
+            os.path.abspath(workdir),
+            echo=lambda line: typer.echo(line, err=as_json),
+        )
+    except RehearsalError as e:
+        typer.echo(f"rehearsal: {e}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps(result, indent=1))
+    else:
+        for stage in result["stages"]:
+            for key, (planned, rehearsed) in stage.get("differs", {}).items():
+                mark = "  REFUSED" if key in stage["refused"] else ""
+                print(f"{stage['name']:<10} {key}: {planned} -> {rehearsed}{mark}")
+    bad = [s for s in result["stages"] if s["status"] != "finished" or s.get("refused")]
+    raise typer.Exit(1 if bad else 0)
+
+
 @pipeline_app.command("reevaluate")
 def pipeline_reevaluate(
     config: str = typer.Option("configs/tiny.yaml"),

@@ -8,6 +8,7 @@ counts it instead of losing it.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from rstar.data.io import DataError, read_parquet
 from rstar.data.packaged import is_packaged, packaged_rows
+from rstar.storage import filesystem
 
 
 @dataclass(frozen=True)
@@ -93,11 +95,12 @@ def read_rows(source: str, *, split: str = "train") -> Iterator[tuple[int, dict 
 
 
 def _jsonl_rows(path: str):
-    if not os.path.exists(path):
+    fs, inner = filesystem(path)  # local or s3://, as Parquet is read
+    if not fs.exists(inner):
         raise DataError(f"{path}: no such file")
     good = 0
     bad: list[tuple[int, BadRow]] = []
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with io.TextIOWrapper(fs.open(inner, "rb"), encoding="utf-8", errors="replace") as f:
         for i, line in enumerate(f):
             if not line.strip():
                 continue

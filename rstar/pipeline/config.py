@@ -141,6 +141,19 @@ class Resources(_Strict):
     gpu_memory_gb: float = Field(80, gt=0)  # per GPU: sizes verl's settings (train.gpu_sizing)
 
 
+class Rehearsal(_Strict):
+    """This recipe is a rehearsal on CPU ranks (rstar pipeline rehearse) of the recipe in
+    `plan`: verl's stages run on the CPU (rstar.train.verl_cpu) with the GPU settings sized for
+    the plan's model and GPUs, mapped onto `resources.nodes` x `resources.gpus` ranks
+    (rstar.train.gpu_sizing.GPUSettings.on_ranks). Stage results are keyed as the plan's: a
+    rehearsal keeps its own storage (its S3 and MLflow), never a real run's."""
+
+    plan: str  # the recipe file rehearsed
+    plan_overrides: dict = {}  # its --set values
+    agent_workers: int = Field(4, ge=1)  # the agent loop's worker processes (the plan's: a GPU's)
+    threads: int = Field(1, ge=1)  # torch threads per training process: the ranks share the cores
+
+
 class Retries(_Strict):
     count: int = 2
     delay_s: float = 5
@@ -173,9 +186,15 @@ class Recipe(_Strict):
     resources: Resources = Resources()
     retries: Retries = Retries()
     tracking: Tracking = Tracking()
+    rehearsal: Rehearsal | None = None
 
     @model_validator(mode="after")
     def _stages(self):
+        if self.rehearsal and (self.engine != "verl" or not self.resources.gpus):
+            raise ValueError(
+                "a rehearsal runs engine 'verl' on CPU ranks: it needs resources.gpus (ranks a "
+                "node) and engine: verl"
+            )
         if self.engine == "verl" and self.resources.gpus and not self.sandbox_url:
             raise ValueError(
                 "engine 'verl' on GPUs needs sandbox_url, the cluster's sandbox service (with "

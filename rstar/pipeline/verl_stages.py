@@ -9,6 +9,7 @@ platform, rstar.train.verl_cpu), for CI and for trying the cluster path on a lap
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -25,16 +26,35 @@ from rstar.train.hydra_override import value as hydra_value
 logger = logging.getLogger(__name__)
 # In a verl stage's published model: where its last actor checkpoint (optimizer state) lies.
 VERL_CHECKPOINT = "verl_actor_checkpoint.txt"
+# In a verl stage's working directory and MLflow run: the command it ran, as a JSON list.
+COMMAND_FILE = "verl_command.json"
 
 
 def device(recipe: Recipe) -> str:
-    """Where verl runs a stage: on the recipe's GPUs, or with `resources.gpus: 0` on the CPU."""
-    return "gpu" if recipe.resources.gpus else "cpu"
+    """Where verl runs a stage: on the recipe's GPUs, or on the CPU (`resources.gpus: 0`, or a
+    rehearsal's CPU ranks)."""
+    return "gpu" if recipe.resources.gpus and not recipe.rehearsal else "cpu"
+
+
+def joins_cluster(recipe: Recipe) -> bool:
+    """Whether verl joins the Ray cluster the stage runs on (GPUs, or a rehearsal's CPU ranks)
+    rather than starting a Ray of its own on this machine's CPU."""
+    return bool(recipe.resources.gpus)
 
 
 def gpus_per_node(recipe: Recipe) -> int:
-    """verl's `n_gpus_per_node`: the recipe's GPUs, or on the CPU one training slot."""
+    """verl's `n_gpus_per_node`: the recipe's GPUs (a rehearsal's ranks), or on the CPU one
+    training slot."""
     return int(recipe.resources.gpus) or 1
+
+
+def _rehearsed(recipe: Recipe):
+    """The recipe a rehearsal stands for (its `rehearsal.plan`, with its overrides)."""
+    from rstar.pipeline.config import load_recipe
+
+    return load_recipe(
+        recipe.rehearsal.plan, recipe.rehearsal.plan_overrides or None, check_inputs=False
+    )
 
 
 def _shape(recipe: Recipe, stage: str):
@@ -55,6 +75,12 @@ def gpu_settings(recipe: Recipe, rl, prompt_tokens: int):
     (what `rstar pipeline plan` shows before any model exists); None on the CPU."""
     from rstar.train.gpu_sizing import size
 
+    if recipe.rehearsal:  # the plan's settings for its stage of that name, on the ranks here
+        plan = _rehearsed(recipe)
+        planned = next(s for s in plan.rl if s.name == rl.name)
+        return gpu_settings(plan, planned, prompt_tokens).on_ranks(
+            gpus_per_node(recipe), recipe.resources.nodes, recipe.rehearsal.agent_workers
+        )
     if device(recipe) == "cpu":
         return None
     per_node = gpus_per_node(recipe)
@@ -74,6 +100,10 @@ def sft_gpu_settings(recipe: Recipe):
     """The GPU settings of verl's SFT (rstar.train.gpu_sizing.size_sft); None on the CPU."""
     from rstar.train.gpu_sizing import size_sft
 
+    if recipe.rehearsal:
+        return sft_gpu_settings(_rehearsed(recipe)).on_ranks(
+            gpus_per_node(recipe), recipe.resources.nodes
+        )
     if device(recipe) == "cpu":
         return None
     per_node = gpus_per_node(recipe)
@@ -156,13 +186,21 @@ def rl(recipe: Recipe, inputs: StageInputs, log, cfg, work: str) -> str:
             gpu=lambda prompt_tokens: gpu_settings(recipe, cfg, prompt_tokens),
         )
         # on a cluster the job's processes see only what Ray's job carries
-        modules = {"VERL_USE_EXTERNAL_MODULES": external_modules(device(recipe))}
-        cmd += ray_job_env({**modules, **mlflow_env(log)})
+        cmd += ray_job_env({**job_env(recipe), **mlflow_env(log)})
         actor = os.path.join(work, f"global_step_{cfg.steps}", "actor")
         merged = _run(cmd, cfg.name, log, work, recipe, lambda: actor)
     with open(os.path.join(merged, VERL_CHECKPOINT), "w") as f:
         f.write(actor)
     return merged
+
+
+def job_env(recipe: Recipe) -> dict[str, str]:
+    """What every verl process needs in its environment (rstar.train.verl_launcher.verl_env):
+    the project's modules and, on CPU ranks, the platform and its threads."""
+    from rstar.train.verl_launcher import verl_env
+
+    threads = recipe.rehearsal.threads if recipe.rehearsal else int(recipe.resources.cpus)
+    return verl_env(device(recipe), threads)
 
 
 def mlflow_env(log) -> dict[str, str]:
@@ -184,17 +222,21 @@ def ray_job_env(env: dict[str, str]) -> list[str]:
 def _run(cmd: list[str], stage: str, log, work: str, recipe: Recipe, checkpoint) -> str:
     """Run a verl command for `stage` in its work directory, then merge the FSDP checkpoint
     `checkpoint()` names into `work/hf` with verl's model merger; return that directory."""
-    from rstar.train.verl_launcher import merge_command, verl_env
+    from rstar.train.verl_launcher import merge_command
 
-    where = device(recipe)
     log.tag("rstar.verl_command", " ".join(cmd)[:5000])
-    logger.info("[%s] verl (%s): %s ...", stage, where, " ".join(cmd[:3]))
+    # whole, for what compares it with the plan's line (rstar.pipeline.rehearsal)
+    command_file = os.path.join(work, COMMAND_FILE)
+    with open(command_file, "w") as f:
+        json.dump(cmd, f)
+    log.artifact(command_file)
+    logger.info("[%s] verl (%s): %s ...", stage, device(recipe), " ".join(cmd[:3]))
     # on the CPU: torch threads per training process, which Ray would otherwise start with one
-    env = {**os.environ, **verl_env(where, int(recipe.resources.cpus)), **mlflow_env(log)}
-    if where == "cpu":
-        # verl on the CPU starts a Ray of its own, with its training slots
+    env = {**os.environ, **job_env(recipe), **mlflow_env(log)}
+    if not joins_cluster(recipe):
+        # verl alone on the CPU starts a Ray of its own, with its training slots
         env.pop("RAY_ADDRESS", None)
-    else:  # verl joins the Ray this stage runs on (the cluster), where its GPUs are
+    else:  # verl joins the Ray this stage runs on (the cluster), where its GPUs (ranks) are
         import ray
 
         if ray.is_initialized():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GB = 1e9
 RESERVE_GB = 6.0  # per GPU: CUDA context, NCCL buffers, allocator fragmentation
@@ -112,6 +112,20 @@ class GPUSettings:
     def micro_batch_gb(self) -> float:
         return micro_batch_gb(self.shape, self.padded_tokens)
 
+    def on_ranks(self, per_node: int, nodes: int, agent_workers: int) -> GPUSettings:
+        """These settings mapped onto `nodes` x `per_node` CPU ranks (a rehearsal,
+        rstar.pipeline.rehearsal): the training state sharded over as many nodes' ranks as it is
+        nodes' GPUs here, the same rollouts a micro-batch, offload and checkpointing; vLLM's CPU
+        build takes no tensor parallelism, and the agent loop has `agent_workers` workers."""
+        return replace(
+            self,
+            gpus=per_node * nodes,
+            per_node=per_node,
+            fsdp_size=ranks_for(self.fsdp_size, self.per_node, per_node),
+            tensor_parallel=1,
+            agent_workers=agent_workers,
+        )
+
     def overrides(self) -> list[str]:
         """verl overrides beyond the micro-batch size (which verl_overrides sets)."""
         rollout, actor = "actor_rollout_ref.rollout", "actor_rollout_ref.actor"
@@ -187,6 +201,12 @@ class GPUSettings:
             f"{self.checkpoint_gb:.0f} GB = {written * self.checkpoint_gb / 1000:.1f} TB written, "
             f"{min(kept, written) * self.checkpoint_gb / 1000:.1f} TB kept ({kept} at most)"
         )
+
+
+def ranks_for(fsdp_size: int, gpus_per_node: int, ranks_per_node: int) -> int:
+    """The shard group on CPU ranks that has the shape of `fsdp_size` GPUs: the same share of a
+    node (half a node, one, two), at least one rank."""
+    return max(1, fsdp_size * ranks_per_node // gpus_per_node)
 
 
 def micro_batch_gb(shape: ModelShape, tokens: int) -> float:
@@ -283,11 +303,21 @@ class SFTSettings:
     """verl's SFT on GPUs: no vLLM beside it, the state stays on the GPU."""
 
     gpus: int
+    per_node: int
     fsdp_size: int
     train_state_gb: float
     micro_batch_tokens: int  # data.max_token_len_per_gpu: real tokens
     padded_tokens: int  # at most: every row of a GPU's batch in one micro-batch at max_length
     micro_batch_gb: float
+
+    def on_ranks(self, per_node: int, nodes: int) -> SFTSettings:
+        """Mapped onto `nodes` x `per_node` CPU ranks, as GPUSettings.on_ranks."""
+        return replace(
+            self,
+            gpus=per_node * nodes,
+            per_node=per_node,
+            fsdp_size=ranks_for(self.fsdp_size, self.per_node, per_node),
+        )
 
     def overrides(self) -> list[str]:
         return [f"engine.fsdp_size={self.fsdp_size}"]
@@ -321,6 +351,7 @@ def size_sft(
     fsdp_size, state, _ = sharding(shape, gpu_gb, gpus, per_node, padded)
     return SFTSettings(
         gpus=gpus,
+        per_node=per_node,
         fsdp_size=fsdp_size,
         train_state_gb=state,
         micro_batch_tokens=tokens,

@@ -85,7 +85,7 @@ def verl_overrides(
     whose optimizer state this stage takes over (`reset_optimizer: false`); `trajectories`: the
     directory or s3:// prefix that gets each step's rollouts (Parquet). `gpu`: the GPU
     settings sized for this stage (rstar.train.gpu_sizing); `device="cpu"`: verl on this
-    machine's CPU (`cpu_overrides`)."""
+    machine's CPU (`cpu_overrides`; with `gpu` too, CPU ranks standing for GPUs: a rehearsal)."""
     if cfg.roc.mode == "released":
         raise ValueError(
             f"{cfg.name}: roc.mode 'released' drops whole groups, which verl's equal data-parallel "
@@ -178,30 +178,28 @@ def verl_overrides(
         "actor_rollout_ref.model.use_remove_padding=false",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         *(
-            cpu_overrides(
-                n_gpus * nodes, model, max_prompt_length + cfg.sampling.max_response_tokens
-            )
+            cpu_overrides(model, max_prompt_length + cfg.sampling.max_response_tokens)
             if device == "cpu"
             else []
         ),
-        *(gpu.overrides() if gpu else []),
+        # the GPU settings (on CPU ranks in a rehearsal), or verl alone on this machine's CPU
+        *(gpu.overrides() if gpu else own_cpu_overrides(n_gpus * nodes) if device == "cpu" else []),
     ]
 
 
-def cpu_overrides(processes: int, model: str, max_model_len: int) -> list[str]:
-    """verl's trainer on the CPU (rstar.train.verl_cpu): FSDP2 in float32, vLLM's CPU build as
-    the rollout, no torch.compile, one agent-loop worker and `processes` training processes (Ray
-    slots, see verl_cpu). vLLM's context is the stage's (`max_model_len`: prompt and response
-    budgets), not the model's own longest, and its KV cache is sized for it from the model's
-    shape: SmolLM2's 8,192 tokens with a fixed 256 MiB cache made vLLM refuse to start. A
-    model not built yet (`rstar pipeline plan` before its stage ran) gets the smallest cache,
-    `CPU_KV_CACHE_BYTES`; the stage itself sizes it from the model it has."""
+def cpu_overrides(model: str, max_model_len: int) -> list[str]:
+    """verl's trainer on CPU ranks (rstar.train.verl_cpu): FSDP2 in float32, vLLM's CPU build as
+    the rollout, no torch.compile. vLLM's context is the stage's (`max_model_len`: prompt and
+    response budgets), not the model's own longest, and its KV cache is sized for it from the
+    model's shape: SmolLM2's 8,192 tokens with a fixed 256 MiB cache made vLLM refuse to start.
+    A model not built yet (`rstar pipeline plan` before its stage ran) gets the smallest cache,
+    `CPU_KV_CACHE_BYTES`; the stage itself sizes it from the model it has. These keys are a
+    rehearsal's device block (rstar.pipeline.rehearsal.ALLOWED)."""
     has_config = os.path.exists(os.path.join(model, "config.json"))
     kv_bytes = cpu_kv_cache_bytes(model, max_model_len) if has_config else CPU_KV_CACHE_BYTES
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     return [
         "trainer.device=cpu",
-        f"{rollout}.tensor_model_parallel_size=1",
         # vLLM on the CPU: no sleep mode (it refuses it), so nothing to free between phases; no
         # compiled graphs; float32 as the actor computes; a KV cache of its own size (its
         # memory share would be a share of the machine's memory)
@@ -215,12 +213,21 @@ def cpu_overrides(processes: int, model: str, max_model_len: int) -> list[str]:
         f"+{actor}.fsdp_config.mixed_precision={FP32}",
         f"{actor}.use_torch_compile=false",
         f"{actor}.fsdp_config.use_torch_compile=false",
-        # one agent-loop and one reward-loop worker: each is a process importing verl and vLLM
-        # (about 9 CPU-seconds); verl's default of 8 reward workers cost a 2-core machine half a
-        # minute per run, and the answer check they run is cheap
-        f"{rollout}.agent.num_workers=1",
+        # one reward-loop worker: each is a process importing verl and vLLM (about 9
+        # CPU-seconds); verl's default of 8 cost a 2-core machine half a minute per run, and the
+        # answer check they run is cheap
         "reward.num_workers=1",
         "data.dataloader_num_workers=0",
+    ]
+
+
+def own_cpu_overrides(processes: int) -> list[str]:
+    """verl alone on this machine's CPU, in a Ray of its own (`resources.gpus: 0`): `processes`
+    training processes (Ray slots, see verl_cpu), one agent-loop worker (a process importing
+    verl and vLLM), no tensor parallelism."""
+    return [
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
         # Ray's CPU count is logical here: verl's task runner, each training process's bundle
         # (3 CPUs by verl's default colocation count) and the replica servers must all fit
         f"+ray_kwargs.ray_init.num_gpus={processes}",
@@ -327,8 +334,8 @@ def build_verl_run(
         longest_prompt(model, problem_texts, cfg.prompt_style) if os.path.isdir(model) else None
     )
     prompt_tokens = -(-longest // 64) * 64 if longest else DEFAULT_PROMPT_TOKENS
-    settings = gpu(prompt_tokens) if gpu and device != "cpu" else None
-    if settings:
+    settings = gpu(prompt_tokens) if gpu else None
+    if settings and device != "cpu":  # on CPU ranks the replicas' caches are vLLM's CPU ones
         kv_cache_tokens = kv_cache_tokens or settings.kv_tokens_per_replica
     agent_cfg = os.path.join(out_dir, "agent_loops.yaml")
     with open(agent_cfg, "w") as f:

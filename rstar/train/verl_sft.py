@@ -119,16 +119,18 @@ def sft_overrides(
         "model.use_remove_padding=false",
         "+model.override_config.attn_implementation=sdpa",
     ]
-    # verl on this machine's CPU (rstar.train.verl_cpu): float32, no fused kernels
+    # verl on CPU ranks (rstar.train.verl_cpu): float32, no fused kernels
     if device == "cpu":
         overrides += [
             "trainer.device=cpu",
             "engine.dtype=float32",
             f"+engine.mixed_precision={FP32}",
             "engine.use_torch_compile=false",
-            "model.enable_gradient_checkpointing=false",
         ]
-    return overrides + (gpu.overrides() if gpu else [])
+    if gpu:  # the GPU settings, on CPU ranks in a rehearsal
+        return overrides + gpu.overrides()
+    # alone on this machine's CPU: a small model, nothing to save by recomputing
+    return overrides + (["model.enable_gradient_checkpointing=false"] if device == "cpu" else [])
 
 
 def sft_command(cfg: SFTConfig, **kwargs) -> list[str]:
@@ -145,14 +147,15 @@ def last_checkpoint(out_dir: str) -> str:
 
 
 def main(config) -> None:
-    """verl's `run_sft`, with Ray started here: joining the cluster (RAY_ADDRESS) on GPUs, or on
-    the CPU a Ray of its own declaring one slot per training process."""
+    """verl's `run_sft`, with Ray started here: joining the cluster (RAY_ADDRESS; GPUs, or CPU
+    ranks in a rehearsal), or on this machine's CPU a Ray of its own declaring one slot per
+    training process."""
     import ray
     from verl.trainer.sft_trainer_ray import SFTTrainer
     from verl.utils.device import auto_set_device
 
     auto_set_device(config)
-    if config.trainer.device == "cpu":
+    if config.trainer.device == "cpu" and not os.environ.get("RAY_ADDRESS"):
         processes = config.trainer.n_gpus_per_node * config.trainer.nnodes
         # CPUs are logical here: verl's SFT resource pool asks 10 per training process's bundle
         ray.init(
