@@ -154,7 +154,7 @@ def rl(recipe: Recipe, inputs: StageInputs, log, cfg, work: str) -> str:
 
     from rstar.sandbox.client import check_health
     from rstar.sandbox.process import SandboxProcess
-    from rstar.train.verl_launcher import build_verl_run, external_modules
+    from rstar.train.verl_launcher import build_verl_run
 
     with contextlib.ExitStack() as stack:
         # on the CPU without a sandbox service named, one of its own for this stage (loopback only)
