@@ -150,7 +150,9 @@ class Rehearsal(_Strict):
 
     plan: str  # the recipe file rehearsed
     plan_overrides: dict = {}  # its --set values
-    agent_workers: int = Field(4, ge=1)  # the agent loop's worker processes (the plan's: a GPU's)
+    # the agent loop's worker processes (the plan's: one a GPU); each imports verl and vLLM
+    # (0.85 GB): one a node keeps the rehearsal within 24 GB
+    agent_workers: int = Field(2, ge=1)
     threads: int = Field(1, ge=1)  # torch threads per training process: the ranks share the cores
 
 

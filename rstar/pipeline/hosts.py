@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -32,8 +33,8 @@ def _ip(*args: str, netns: str | None = None) -> None:
 
 @dataclass
 class Hosts:
-    """`count` hosts named `<prefix>0`, `<prefix>1`... on the subnet 10.251.`net`.0/24: this
-    machine is .1, host i is .(i + 2)."""
+    """`count` hosts named `<prefix><net>-0`, `<prefix><net>-1`... on the subnet
+    10.251.`net`.0/24: this machine is .1, host i is .(i + 2)."""
 
     count: int
     net: int = field(default_factory=lambda: os.getpid() % 200 + 20)
@@ -54,7 +55,7 @@ class Hosts:
         return self.here if i < 0 else f"10.251.{self.net}.{i + 2}"
 
     def netns(self, i: int) -> str:
-        return f"{self.prefix}{i}"
+        return f"{self.prefix}{self.net}-{i}"
 
     def __enter__(self) -> Hosts:
         if shutil.which("ip") is None:
@@ -75,7 +76,10 @@ class Hosts:
                 _ip("link", "set", "lo", "up", netns=ns)
                 os.makedirs(os.path.join(NETNS_ETC, ns), exist_ok=True)
                 with open(os.path.join(NETNS_ETC, ns, "hosts"), "w") as f:
-                    f.write(f"127.0.0.1 localhost\n{self.address(i)} {ns}\n")
+                    # the machine's name is the host's own address there, as a pod's is: gloo
+                    # (torch.distributed on CPUs) advertises what the name resolves to
+                    machine = socket.gethostname()
+                    f.write(f"127.0.0.1 localhost\n{self.address(i)} {ns} {machine}\n")
                     f.writelines(f"{self.address(j)} {name}\n" for name, j in self.names.items())
         except BaseException:
             self.__exit__(None, None, None)

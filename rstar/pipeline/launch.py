@@ -64,7 +64,7 @@ def run_job(
     offered = launcher_env(dict(os.environ))
     joined = bool(os.environ.get("RAY_ADDRESS"))  # a cluster, not a local Ray of this process
     job = ray.remote(max_calls=1)(_job).options(
-        num_cpus=recipe.resources.cpus,
+        num_cpus=driver_cpus(stage, recipe),
         num_gpus=driver_gpus(stage, recipe),
         max_retries=0,
         name=f"rstar:{stage}",
@@ -98,6 +98,21 @@ def run_job(
             ray.kill(ticks.actor)
 
 
+# CPUs verl's resource pools hold for each GPU's process (RayResourcePool's max_colocate_count
+# in verl's SFT trainer and in its PPO trainer): a node must have them beside its GPUs, or verl
+# waits for its placement group for ever
+VERL_CPUS_PER_GPU = {"sft": 10, "rl": 3}
+
+
+def driver_cpus(stage: str, recipe: Recipe) -> float:
+    """CPUs the stage's own Ray task holds: a stage verl trains only launches verl and merges
+    its checkpoint, and holds one, so that verl's workers find theirs on the node it lands on
+    (holding the recipe's 16 of a 90-CPU node left verl's SFT, 80 a node, no room there: it
+    waited for ever); the others `resources.cpus`."""
+    trains = recipe.engine == "verl" and find(recipe, stage).needs.trains
+    return 1 if trains else recipe.resources.cpus
+
+
 def driver_gpus(stage: str, recipe: Recipe) -> float:
     """GPUs the stage's own Ray task holds: with `engine: verl`, none. SFT and RL drivers only
     launch verl, which places its workers on the recipe's GPUs itself (held here, they would be
@@ -114,19 +129,28 @@ def shortfall(stage: str, recipe: Recipe, nodes: list[dict]) -> str | None:
     engine replica on each of those GPUs)."""
     alive = [n["Resources"] for n in nodes if n.get("Alive", True)]
     total = {k: sum(r.get(k, 0) for r in alive) for k in ("CPU", "GPU")}
+    own = (("CPU", driver_cpus(stage, recipe)), ("GPU", driver_gpus(stage, recipe)))
     missing = [
         f"{need:g} {kind}s for its own task, the cluster has {total[kind]:g}"
-        for kind, need in (("CPU", recipe.resources.cpus), ("GPU", driver_gpus(stage, recipe)))
+        for kind, need in own
         if need > total[kind]
     ]
-    needs = find(recipe, stage).needs
+    stage_of = find(recipe, stage)
+    needs = stage_of.needs
     if recipe.engine == "verl" and recipe.resources.gpus and (needs.trains or needs.serves):
         per_node, wanted = recipe.resources.gpus, recipe.resources.nodes
-        fit = sum(1 for r in alive if r.get("GPU", 0) >= per_node)
-        if fit < wanted:
+        fit = [r for r in alive if r.get("GPU", 0) >= per_node]
+        cpus = per_node * VERL_CPUS_PER_GPU.get(stage_of.kind, 0)
+        if len(fit) < wanted:
             missing.append(
                 f"{wanted} nodes with {per_node:g} GPUs each for verl's workers, the cluster has "
-                f"{fit} ({total['GPU']:g} GPUs in all)"
+                f"{len(fit)} ({total['GPU']:g} GPUs in all)"
+            )
+        elif needs.trains and sum(r.get("CPU", 0) >= cpus for r in fit) < wanted:
+            missing.append(
+                f"{cpus:g} CPUs on each of {wanted} GPU nodes for verl's workers "
+                f"({VERL_CPUS_PER_GPU[stage_of.kind]} a GPU), "
+                f"{sum(r.get('CPU', 0) >= cpus for r in fit)} nodes have them"
             )
     return f"stage {stage} needs " + "; ".join(missing) if missing else None
 

@@ -119,7 +119,7 @@ def plan(recipe: Recipe) -> list[dict]:
     """[{"name", "engine", "resources", "command"}] per stage; raises PlanError for a verl stage
     whose command verl would refuse. `resources`: what the stage's Ray task holds (`cpus`,
     `gpus`) and, for a verl stage, the workers verl places (`verl_workers`)."""
-    from rstar.pipeline.launch import driver_gpus
+    from rstar.pipeline.launch import driver_cpus, driver_gpus
     from rstar.pipeline.stages import serving
 
     layout = Layout(recipe.storage_root)
@@ -138,7 +138,7 @@ def plan(recipe: Recipe) -> list[dict]:
         engine = "verl" if command else "local"
         if name == "base" and not recipe.base.build_tiny:
             engine = "gguf" if recipe.base.gguf else "files"  # files: copied, never loaded
-        resources = {"cpus": recipe.resources.cpus, "gpus": driver_gpus(name, recipe)}
+        resources = {"cpus": driver_cpus(name, recipe), "gpus": driver_gpus(name, recipe)}
         served = serving(recipe) if stage.needs.serves else {}
         if served:  # the model in engine replicas (Ray actors), not in the stage's process
             engine = f"{served['kind']}-replicas"

@@ -128,9 +128,9 @@ class RehearsalCluster:
         for bucket in sorted({urlparse(u).netloc for u in uris if u.startswith("s3://")}):
             s3.create_bucket(Bucket=bucket)
 
-    def _here(self, name: str, command: list[str]):
+    def _here(self, name: str, command: list[str], env: dict | None = None):
         """A service on this machine (the hosts' side of the bridge)."""
-        return self.hosts.start(-1, command, self.env, self.log(name))
+        return self.hosts.start(-1, command, {**self.env, **(env or {})}, self.log(name))
 
     def _start(self) -> None:
         here, env = self.hosts.here, self.env
@@ -142,6 +142,8 @@ class RehearsalCluster:
             + ["--backend-store-uri", f"sqlite:///{self.workdir}/mlflow.db"]
             + ["--artifacts-destination", os.path.join(self.workdir, "mlartifacts")]
             + ["--allowed-hosts", f"{self.tracking.hostname},{self.tracking.netloc},{here}"],
+            # no job runner (its 5 consumer processes, 1.2 GB, run nothing the pipeline asks)
+            {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         )
         ray_common = ["--block", "--num-gpus", str(self.ranks), "--num-cpus", "32"]
         ray_common += ["--object-store-memory", str(300 * 1024**2), "--disable-usage-stats"]

@@ -143,6 +143,8 @@ def sft(recipe: Recipe, inputs: StageInputs, log, data: str) -> str:
     work, _ = cache.work_dir(recipe, "sft", inputs)
     os.makedirs(work, exist_ok=True)
     cmd = sft_command(recipe, dirs.pull(inputs.model.uri), data, work)
+    # its workers, on a cluster, see only what Ray's job carries (as the RL stages' do)
+    cmd += ray_job_env({**job_env(recipe), **mlflow_env(log)})
     return _run(cmd, "sft", log, work, recipe, lambda: last_checkpoint(work))
 
 

@@ -151,10 +151,14 @@ def main(config) -> None:
     ranks in a rehearsal), or on this machine's CPU a Ray of its own declaring one slot per
     training process."""
     import ray
+    from omegaconf import OmegaConf
     from verl.trainer.sft_trainer_ray import SFTTrainer
     from verl.utils.device import auto_set_device
 
     auto_set_device(config)
+    # what the stage puts in the job (rstar.pipeline.verl_stages.ray_job_env): the workers'
+    # environment, which on a cluster they do not inherit from this process
+    job = OmegaConf.to_container(config.ray_kwargs.ray_init) if "ray_kwargs" in config else {}
     if config.trainer.device == "cpu" and not os.environ.get("RAY_ADDRESS"):
         processes = config.trainer.n_gpus_per_node * config.trainer.nnodes
         # CPUs are logical here: verl's SFT resource pool asks 10 per training process's bundle
@@ -163,9 +167,10 @@ def main(config) -> None:
             num_cpus=10 * processes + 2,
             object_store_memory=500_000_000,
             include_dashboard=False,
+            **job,
         )
     else:
-        ray.init()
+        ray.init(**job)
     SFTTrainer(config=config).fit()
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from rstar.errors import NotRetryable
 from rstar.pipeline.config import load_recipe
-from rstar.pipeline.launch import run_job, shortfall
+from rstar.pipeline.launch import driver_cpus, run_job, shortfall
 
 
 def cluster(gpu_nodes: int, gpus: int = 8) -> list[dict]:
@@ -30,6 +30,16 @@ def test_the_14b_recipe_on_a_cluster_one_node_short():
         assert shortfall(stage, recipe, cluster(8)) is None
     # 64 GPUs, but in nodes of 4: verl's per-node placement cannot use them
     assert "the cluster has 0 (64 GPUs in all)" in shortfall("rl2", recipe, cluster(16, gpus=4))
+    # verl's SFT holds 10 CPUs a GPU on every node, its PPO trainer 3: nodes of 64 CPUs fit RL
+    # only; the stage's own task holds one CPU (the recipe's 16 left SFT no room beside it)
+    lean = [{**n, "Resources": {**n["Resources"], "CPU": 64.0}} for n in cluster(8)]
+    assert shortfall("sft", recipe, lean) == (
+        "stage sft needs 80 CPUs on each of 8 GPU nodes for verl's workers (10 a GPU), "
+        "0 nodes have them"
+    )
+    assert shortfall("rl1", recipe, lean) is None and shortfall("mine", recipe, lean) is None
+    assert driver_cpus("sft", recipe) == driver_cpus("rl1", recipe) == 1
+    assert driver_cpus("mine", recipe) == 16
     assert shortfall("problems", recipe, cluster(1)) is None  # made on CPUs
     assert (
         shortfall("problems", recipe, cluster(0))

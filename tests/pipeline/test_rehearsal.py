@@ -87,8 +87,8 @@ def test_a_rehearsal_needs_verl_on_ranks():
 
 def test_hosts_reach_each_other_and_this_machine_by_the_recipes_names_and_leave_nothing():
     """Two network namespaces on a bridge: host 1 serves, host 0 calls it by a name the hosts
-    file gives and this machine by its bridge address; on exit no namespace, link or process
-    is left."""
+    file gives and this machine by its bridge address, and its own name resolves to its own
+    address; on exit no namespace, link or process is left."""
     import subprocess
     import sys
 
@@ -102,7 +102,8 @@ def test_hosts_reach_each_other_and_this_machine_by_the_recipes_names_and_leave_
         server = hosts.start(1, [*serve, hosts.address(1)])
         here = hosts.start(-1, [*serve, hosts.here])
         probe = (
-            "import time, urllib.request as u\n"
+            "import socket, time, urllib.request as u\n"
+            "print(socket.gethostbyname(socket.gethostname()))\n"
             "for url in ('http://sandbox-head:8999/', 'http://mlflow:8999/'):\n"
             "    for _ in range(100):\n"
             "        try:\n"
@@ -115,7 +116,8 @@ def test_hosts_reach_each_other_and_this_machine_by_the_recipes_names_and_leave_
             text=True,
             timeout=60,
         )
-        assert run.stdout.split() == ["200", "200"], run.stderr
+        # its own name is its own address (gloo advertises it to the other ranks)
+        assert run.stdout.split() == [hosts.address(0), "200", "200"], run.stderr
         bridge, namespaces = hosts.bridge, [hosts.netns(i) for i in range(2)]
         assert bridge in links()
     assert server.poll() is not None and here.poll() is not None

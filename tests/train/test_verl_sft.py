@@ -79,6 +79,46 @@ def test_sft_on_gpus_uses_the_attention_the_gpu_lock_has():
     assert "actor_rollout_ref.model.use_remove_padding=false" in rl
 
 
+@pytest.mark.parametrize("cluster", [True, False], ids=["joins-a-cluster", "ray-of-its-own"])
+def test_sfts_workers_get_the_jobs_environment(monkeypatch, cluster):
+    """verl's SFT workers are Ray actors, which on a cluster do not inherit the launching
+    process's environment: the stage's job environment (the CPU platform, the project's
+    modules, the MLflow run) goes into the Ray job, as the RL stages' does. Without it a
+    rehearsal's SFT workers fell back to CUDA ('Distributed package doesn't have NCCL')."""
+    import ray
+    import verl.trainer.sft_trainer_ray as verl_sft_trainer
+
+    from rstar.pipeline.plan import compose_verl
+    from rstar.pipeline.verl_stages import ray_job_env
+    from rstar.train.verl_sft import main, sft_overrides
+
+    env = {"VERL_PLATFORM": "cpu", "VERL_USE_EXTERNAL_MODULES": "rstar.train.verl_cpu,x"}
+    overrides = sft_overrides(
+        SFTConfig(), model=BASE, train_files="x.parquet", out_dir="o", n_gpus=2, device="cpu"
+    )
+    config = compose_verl(overrides + ray_job_env(env), "sft_trainer_engine")
+    started, fitted = [], []
+
+    class Trainer:  # verl's trainer places its workers on the Ray main() started
+        def __init__(self, config):
+            self.config = config
+
+        def fit(self):
+            fitted.append(self.config)
+
+    monkeypatch.setattr(ray, "init", lambda **kw: started.append(kw))
+    # the platform is the job environment's to choose (this process has verl's CUDA default)
+    monkeypatch.setattr("verl.utils.device.auto_set_device", lambda config: None)
+    monkeypatch.setattr(verl_sft_trainer, "SFTTrainer", Trainer)
+    if cluster:
+        monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    else:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    main(config)
+    assert started[0]["runtime_env"] == {"env_vars": env} and fitted
+    assert ("num_gpus" in started[0]) is not cluster  # its own Ray declares the CPU slots
+
+
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_verls_sft_trainer_trains_the_tiny_base(tmp_path, device):
