@@ -143,7 +143,7 @@ def pipeline_rehearse(
 
     from rstar.pipeline.config import ConfigError, load_recipe
     from rstar.pipeline.rehearsal import run
-    from rstar.pipeline.rehearsal_cluster import RehearsalError
+    from rstar.pipeline.rehearsal_cluster import RehearsalError, check_memory
 
     values = overrides(set_)
     try:
@@ -152,7 +152,8 @@ def pipeline_rehearse(
             raise ConfigError(f"{config}: a rehearsal is of a GPU recipe (engine verl, gpus)")
         if os.geteuid() != 0:
             raise ConfigError("a rehearsal makes network namespaces: run it as root")
-    except ConfigError as e:
+        check_memory()
+    except (ConfigError, RehearsalError) as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
     try:

@@ -257,8 +257,16 @@ def run(config: str, plan_overrides: dict, workdir: str, echo=print) -> dict:
     from rstar.model.qwen3 import STAND_IN, build_stand_in
     from rstar.pipeline.config import load_recipe
     from rstar.pipeline.plan import plan
-    from rstar.pipeline.rehearsal_cluster import RehearsalCluster, RehearsalError, _bin
+    from rstar.pipeline.rehearsal_cluster import (
+        RehearsalCluster,
+        RehearsalError,
+        _bin,
+        check_memory,
+    )
     from rstar.pipeline.stage_table import stage_names
+    from rstar.storage import atomic_write_text
+
+    check_memory()
 
     config = os.path.abspath(config)
     planned_recipe = load_recipe(config, plan_overrides or None, check_inputs=False)
@@ -317,6 +325,8 @@ def run(config: str, plan_overrides: dict, workdir: str, echo=print) -> dict:
                     entry.update(status="failed", error="its worker was not killed and resumed")
             results.append(entry)
             echo(_line(entry))
+            # what has run so far, for a rehearsal stopped before its end
+            atomic_write_text(os.path.join(workdir, "stages.json"), json.dumps(results, indent=1))
         ran = _stage_commands(cluster.tracking_here, recipe.tracking.experiment)
     for entry in results:
         name = entry["name"]

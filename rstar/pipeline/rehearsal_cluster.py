@@ -32,6 +32,25 @@ class RehearsalError(RuntimeError):
     """A rehearsal that cannot go on; the message names what failed and where its log is."""
 
 
+# Memory and swap a rehearsal needs, GiB: it had used 23.8 GB of memory and 1.9 GB of swap
+# (rl2) when Ray's monitor killed its workers; 4 training ranks, 4 vLLM replicas of 3 processes
+# each (3.5 GB a replica), the agent loop, reward and router workers and the services.
+MEMORY_GB = 36
+
+
+def check_memory(meminfo: str = "/proc/meminfo") -> None:
+    """Refuse, in one line, a machine with less memory and swap than MEMORY_GB."""
+    with open(meminfo) as f:
+        kb = {k: int(v.split()[0]) for k, v in (ln.split(":", 1) for ln in f if ":" in ln)}
+    have = (kb.get("MemTotal", 0) + kb.get("SwapTotal", 0)) / 1024**2
+    if have < MEMORY_GB:
+        raise RehearsalError(
+            f"a rehearsal needs {MEMORY_GB} GiB of memory and swap together, this machine has "
+            f"{have:.1f} GiB; add swap (as root: fallocate -l 16G /var/tmp/swap && chmod 600 "
+            "/var/tmp/swap && mkswap /var/tmp/swap && swapon /var/tmp/swap)"
+        )
+
+
 def _bin(name: str) -> str:
     return os.path.join(os.path.dirname(sys.executable), name)
 
@@ -96,6 +115,10 @@ class RehearsalCluster:
             "RAY_AUTH_MODE": "token",
             # Ray refuses nodes that share a machine unless told this is not a laptop's cluster
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+            # both nodes count the whole machine's memory, and Ray's monitor killed workers (at
+            # 95%, and at 99%) before the kernel paged idle processes (vLLM while verl trains)
+            # out to swap: the kernel alone manages it here (`check_memory`)
+            "RAY_memory_monitor_refresh_ms": "0",
         }
 
     def __enter__(self) -> RehearsalCluster:

@@ -124,3 +124,20 @@ def test_hosts_reach_each_other_and_this_machine_by_the_recipes_names_and_leave_
     assert bridge not in links()
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not any(ns in listed for ns in namespaces)
+
+
+def test_a_machine_without_the_memory_is_refused_in_one_line(tmp_path):
+    from rstar.pipeline.rehearsal_cluster import MEMORY_GB, RehearsalError, check_memory
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24683992 kB\nSwapTotal:             0 kB\n")
+    with pytest.raises(RehearsalError, match=f"needs {MEMORY_GB} GiB of memory and swap together"):
+        check_memory(str(meminfo))
+    meminfo.write_text("MemTotal:       24683992 kB\nSwapTotal:      16777212 kB\n")
+    check_memory(str(meminfo))
+
+
+def test_values_known_only_at_run_time_are_allowed_only_when_comparing_what_ran():
+    ran = ["++ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM", "model.path", "optim.lr"]
+    assert rehearsal.refused(ran, run_time=True) == ["optim.lr"]
+    assert rehearsal.refused(ran) == sorted(ran)
