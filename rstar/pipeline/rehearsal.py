@@ -253,7 +253,6 @@ def run(config: str, plan_overrides: dict, workdir: str, echo=print) -> dict:
     import time
 
     from rstar.data.curate import SourceSpec
-    from rstar.data.stand_in import write_inputs
     from rstar.model.qwen3 import STAND_IN, build_stand_in
     from rstar.pipeline.config import load_recipe
     from rstar.pipeline.plan import plan
@@ -263,6 +262,7 @@ def run(config: str, plan_overrides: dict, workdir: str, echo=print) -> dict:
         _bin,
         check_memory,
     )
+    from rstar.pipeline.rehearsal_inputs import write_inputs
     from rstar.pipeline.stage_table import stage_names
     from rstar.storage import atomic_write_text
 

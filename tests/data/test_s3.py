@@ -20,14 +20,14 @@ def test_parquet_round_trip_on_s3(s3):
 
 
 def test_every_input_file_a_recipe_names_is_read_from_s3(s3):
-    """The 14B recipe's inputs in their layouts on S3 (rstar.data.stand_in): curation reads its
-    Parquet and JSON-lines sources (JSON lines were read from local disk only), the
-    benchmarks and the SFT chats load."""
+    """The 14B recipe's inputs in their layouts on S3 (rstar.pipeline.rehearsal_inputs):
+    curation reads its Parquet and JSON-lines sources (JSON lines were read from local disk
+    only), the benchmarks and the SFT chats load."""
     from rstar.data.curate import SourceSpec, curate
     from rstar.data.sft import load_sft
-    from rstar.data.stand_in import write_inputs
     from rstar.eval.benchmarks import load_benchmark
     from rstar.pipeline.config import load_recipe
+    from rstar.pipeline.rehearsal_inputs import write_inputs
 
     recipe = load_recipe("configs/qwen3-14b.yaml", check_inputs=False)
     moved = {"s3://rstar/raw/": f"{s3}/raw/"}

@@ -1,4 +1,4 @@
-"""Stand-in input files for a rehearsal (rstar.pipeline.rehearsal): every file a recipe names,
+"""A rehearsal's input files (rstar.pipeline.rehearsal): every file a recipe names,
 written in the layout its recipe entry reads (a source's columns or preset, a benchmark's public
 layout, chats), filled with generated problems (rstar.data.synth) and chats (rstar.data.sft).
 
