@@ -318,7 +318,7 @@ def load_recipe(path: str, overrides: dict | None = None, *, check_inputs: bool 
             gguf_path(recipe.base.gguf)
         except BaseModelError as e:
             raise ConfigError(f"{path}: base.gguf: {e}") from None
-    for where, uri, spec in _input_files(recipe) if check_inputs else ():
+    for where, uri, spec in input_files(recipe) if check_inputs else ():
         try:
             fs, inner = filesystem(uri)
             found = fs.exists(inner)
@@ -412,7 +412,7 @@ def _packaged_sources(recipe: Recipe):
                 yield f"{section}.files.{i}", text
 
 
-def _input_files(recipe: Recipe):
+def input_files(recipe: Recipe):
     """(where in the recipe, URI, the problem source's spec or None) of every input file."""
     for i, uri in enumerate(recipe.sft.files):
         yield f"sft.files.{i}", uri, None

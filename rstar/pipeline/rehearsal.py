@@ -252,9 +252,8 @@ def run(config: str, plan_overrides: dict, workdir: str, echo=print) -> dict:
     import os
     import time
 
-    from rstar.data.curate import SourceSpec
     from rstar.model.qwen3 import STAND_IN, build_stand_in
-    from rstar.pipeline.config import load_recipe
+    from rstar.pipeline.config import input_files, load_recipe
     from rstar.pipeline.plan import plan
     from rstar.pipeline.rehearsal_cluster import (
         RehearsalCluster,
@@ -279,10 +278,7 @@ def run(config: str, plan_overrides: dict, workdir: str, echo=print) -> dict:
     results = []
     with RehearsalCluster(workdir, recipe, RANKS_PER_NODE, NODES) as cluster:
         env = cluster.env
-        inputs = [recipe.storage_root, *recipe.sft.files]
-        inputs += [SourceSpec.parse(t).path for t in recipe.train_problems.files]
-        inputs += [u for u in recipe.eval_problems.benchmarks.values() if u]
-        cluster.buckets(inputs)
+        cluster.buckets([recipe.storage_root, *(uri for _, uri, _ in input_files(recipe))])
         # this process reaches S3 as the hosts do
         storage_env = {k: v for k, v in env.items() if k.startswith(("RSTAR_", "AWS_"))}
         with _environ(storage_env):

@@ -237,31 +237,12 @@ async def test_a_restarted_service_loses_no_call_that_still_has_time():
 
 @pytest.fixture
 def worker_host():
-    """A second host for the test: a network namespace with its own address, linked to this
-    host by a veth pair (10.250.N.1 here, 10.250.N.2 there); removed afterwards."""
-    import subprocess
+    """A second host for the test: a network namespace with its own address on a bridge to this
+    host (rstar.pipeline.hosts); removed afterwards."""
+    from rstar.pipeline.hosts import Hosts
 
-    n = os.getpid() % 200 + 20
-    ns, here, there = f"rstar-test-{n}", f"rsth{n}", f"rstw{n}"
-    host_ip, worker_ip = f"10.250.{n}.1", f"10.250.{n}.2"
-
-    def ip(*args, netns=None):
-        prefix = ["ip", "netns", "exec", netns] if netns else []
-        subprocess.run([*prefix, "ip", *args], check=True, capture_output=True, timeout=30)
-
-    ip("netns", "add", ns)
-    try:
-        ip("link", "add", here, "type", "veth", "peer", "name", there)
-        ip("link", "set", there, "netns", ns)
-        ip("addr", "add", f"{host_ip}/30", "dev", here)
-        ip("link", "set", here, "up")
-        ip("addr", "add", f"{worker_ip}/30", "dev", there, netns=ns)
-        ip("link", "set", there, "up", netns=ns)
-        ip("link", "set", "lo", "up", netns=ns)
-        yield ns, host_ip, worker_ip
-    finally:
-        subprocess.run(["ip", "link", "del", here], capture_output=True, timeout=30)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+    with Hosts(1) as hosts:
+        yield hosts.netns(0), hosts.here, hosts.address(0)
 
 
 async def test_a_worker_bound_to_every_interface_joins_under_an_address_the_head_can_call(
